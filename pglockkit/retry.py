@@ -1,0 +1,57 @@
+"""Retry a transaction on deadlock (40P01), serialization failure (40001) and lock timeout (55P03)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+
+from pglockkit.errors import RetryableError, from_psycopg
+
+log = logging.getLogger("pglockkit.retry")
+
+T = TypeVar("T")
+
+
+def backoff(attempt: int, *, base: float = 0.05, cap: float = 5.0, rng: random.Random | None = None) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
+
+    Jitter is what keeps a swarm of retrying workers from synchronising into a thundering herd.
+    """
+    return (rng or random).uniform(0, min(cap, base * (2 ** attempt)))
+
+
+def retry(fn: Callable[[], T], *, attempts: int = 5, base: float = 0.05, cap: float = 5.0,
+          sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call ``fn`` until it succeeds, retrying retryable failures with jittered backoff.
+
+    ``fn`` must run one whole transaction (a retry re-runs all of it), e.g.::
+
+        def transfer():
+            with conn.transaction():
+                xact_lock_all(conn, "accounts", [a, b], timeout=1)
+                ...
+        retry(transfer)
+
+    After ``attempts`` tries the last error is raised (as a pglockkit error where one maps).
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (psycopg.Error, RetryableError) as exc:
+            err = from_psycopg(exc) if isinstance(exc, psycopg.Error) else exc
+            if not isinstance(err, RetryableError) or attempt == attempts - 1:
+                if err is exc:
+                    raise
+                raise err from exc
+            pause = backoff(attempt, base=base, cap=cap)
+            log.info("retrying after sqlstate=%s attempt=%d pause_ms=%.1f",
+                     err.sqlstate, attempt + 1, pause * 1000)
+            sleep(pause)
+    raise AssertionError("unreachable")

