@@ -28,10 +28,12 @@ def _connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection")
     group.add_argument("--dsn", help=f"libpq connection string or URI (default: ${DSN_ENV})")
-    group.add_argument("--embedded", action="store_true",
-                       help="target the embedded server started by `pglockkit up`")
-    group.add_argument("--data", metavar="DIR",
-                       help="the embedded server's data directory (default: the user data dir)")
+    group.add_argument(
+        "--embedded", action="store_true", help="target the embedded server started by `pglockkit up`"
+    )
+    group.add_argument(
+        "--data", metavar="DIR", help="the embedded server's data directory (default: the user data dir)"
+    )
     return common
 
 
@@ -107,8 +109,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
     if not args.yes:
-        print("uninstall drops schema pglockkit and everything in it (jobs, leases, history); "
-              "pass --yes to confirm", file=sys.stderr)
+        print(
+            "uninstall drops schema pglockkit and everything in it (jobs, leases, history); "
+            "pass --yes to confirm",
+            file=sys.stderr,
+        )
         return 2
     rolled = uninstall(_dsn(args))
     print(f"rolled back {len(rolled)} migration(s); no pglockkit objects remain")
@@ -139,8 +144,10 @@ def render_namespaces_markdown(rows: list[dict]) -> str:
         desc = (r["description"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r['id']} | `{r['name']}` | {low}..{low + 0xFFFF} | {timeout} | {desc} |")
     lines.append("")
-    lines.append("Keys: `pglockkit.lock_key(namespace, resource)`; text resources hash with sha256, "
-                 "integer resources are 0 <= id < 2^47. Timeouts raise SQLSTATE 55P03.")
+    lines.append(
+        "Keys: `pglockkit.lock_key(namespace, resource)`; text resources hash with sha256, "
+        "integer resources are 0 <= id < 2^47. Timeouts raise SQLSTATE 55P03."
+    )
     return "\n".join(lines)
 
 
@@ -179,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pglockkit",
         description="Coordination primitives for PostgreSQL: namespaced advisory locks, "
-                    "a SKIP LOCKED job queue, leases with fencing tokens, and lock monitoring.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "a SKIP LOCKED job queue, leases with fencing tokens, and lock monitoring.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every lock event")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -194,21 +202,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="DIR", help="data directory (default: the user data dir)")
     p = add("down", cmd_down, "stop the embedded PostgreSQL")
     p.add_argument("--data", metavar="DIR", help="data directory (default: the user data dir)")
-    add("install", cmd_install, "apply pending migrations (safe to run from many pods at once)",
-        parents=[conn_opts])
+    add(
+        "install",
+        cmd_install,
+        "apply pending migrations (safe to run from many pods at once)",
+        parents=[conn_opts],
+    )
     add("status", cmd_status, "list applied and pending migrations", parents=[conn_opts])
-    p = add("uninstall", cmd_uninstall, "roll back every migration, leaving no pglockkit object",
-            parents=[conn_opts])
+    p = add(
+        "uninstall",
+        cmd_uninstall,
+        "roll back every migration, leaving no pglockkit object",
+        parents=[conn_opts],
+    )
     p.add_argument("--yes", action="store_true", help="confirm: this drops all pglockkit data")
     p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
     p.add_argument("--markdown", action="store_true", help="print the table for a service README")
-    p = add("register", cmd_register, "register a lock namespace (idempotent); prints its id",
-            parents=[conn_opts])
+    p = add(
+        "register", cmd_register, "register a lock namespace (idempotent); prints its id", parents=[conn_opts]
+    )
     p.add_argument("name", help="namespace name: lowercase letter, then [a-z0-9_.:-], up to 63")
     p.add_argument("--id", type=int, help="explicit id 1..32767 (default: derived from the name)")
     p.add_argument("--description")
-    p.add_argument("--lock-timeout", type=_duration, metavar="DURATION",
-                   help="default wait of xact_lock in this namespace, e.g. 2s")
+    p.add_argument(
+        "--lock-timeout",
+        type=_duration,
+        metavar="DURATION",
+        help="default wait of xact_lock in this namespace, e.g. 2s",
+    )
     p = add("key", cmd_key, "print the advisory-lock key of a resource", parents=[conn_opts])
     p.add_argument("namespace")
     p.add_argument("resource")
@@ -222,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
     try:
         return args.func(args)
     except PglockkitError as exc:

@@ -35,8 +35,9 @@ def resolve_dsn(dsn: str | None = None, *, embedded: bool = False, data_dir: str
     return os.environ.get(DSN_ENV, "")
 
 
-def connect(dsn: str = "", *, autocommit: bool = False, application_name: str | None = None,
-            **kwargs: Any) -> psycopg.Connection:
+def connect(
+    dsn: str = "", *, autocommit: bool = False, application_name: str | None = None, **kwargs: Any
+) -> psycopg.Connection:
     """A psycopg connection with TCP keepalives on (ignored for Unix sockets)."""
     params: dict[str, Any] = dict(KEEPALIVES)
     if application_name:

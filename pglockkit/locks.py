@@ -43,8 +43,13 @@ def _require_transaction(conn: psycopg.Connection, what: str) -> None:
         )
 
 
-def register_namespace(conn: psycopg.Connection, name: str, id: int | None = None,
-                       description: str | None = None, lock_timeout: Timeout = None) -> int:
+def register_namespace(
+    conn: psycopg.Connection,
+    name: str,
+    id: int | None = None,
+    description: str | None = None,
+    lock_timeout: Timeout = None,
+) -> int:
     """Register (idempotently) a lock namespace; returns its id.
 
     >>> register_namespace(conn, "billing", description="invoices")  # doctest: +SKIP
@@ -102,16 +107,17 @@ def xact_lock(conn: psycopg.Connection, ns: str, resource: str | int, timeout: T
     except LockTimeout as exc:
         if timeout is not None:
             exc.retry_after = _interval(timeout).total_seconds()
-        _event("timeout", ns, resource, None, scope="xact",
-               wait_ms=round((time.monotonic() - started) * 1000, 1))
+        _event(
+            "timeout", ns, resource, None, scope="xact", wait_ms=round((time.monotonic() - started) * 1000, 1)
+        )
         raise
-    _event("acquired", ns, resource, key, scope="xact",
-           wait_ms=round((time.monotonic() - started) * 1000, 1))
+    _event("acquired", ns, resource, key, scope="xact", wait_ms=round((time.monotonic() - started) * 1000, 1))
     return key
 
 
-def xact_lock_all(conn: psycopg.Connection, ns: str, resources: Sequence[str] | Sequence[int],
-                  timeout: Timeout = None) -> list[int]:
+def xact_lock_all(
+    conn: psycopg.Connection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout = None
+) -> list[int]:
     """Lock many resources for the transaction, in ascending key order (no deadlocks between
     callers), within one ``timeout`` for the whole call. Returns the keys in the order taken.
     """
@@ -124,8 +130,14 @@ def xact_lock_all(conn: psycopg.Connection, ns: str, resources: Sequence[str] | 
             sql.SQL("SELECT pglockkit.xact_lock_all(%s, %s::{}, %s)").format(sql.SQL(array_type)),
             (ns, resources, _interval(timeout)),
         ).fetchone()[0]
-    _event("acquired", ns, f"{len(keys)} resources", None, scope="xact",
-           wait_ms=round((time.monotonic() - started) * 1000, 1))
+    _event(
+        "acquired",
+        ns,
+        f"{len(keys)} resources",
+        None,
+        scope="xact",
+        wait_ms=round((time.monotonic() - started) * 1000, 1),
+    )
     return keys
 
 
@@ -144,8 +156,9 @@ def lock_rows(conn: psycopg.Connection, table: str, ids: Sequence[int], timeout:
 
 
 @contextmanager
-def sole_writer(dsn: str, ns: str, resource: str | int, *,
-                application_name: str | None = None) -> Iterator[bool]:
+def sole_writer(
+    dsn: str, ns: str, resource: str | int, *, application_name: str | None = None
+) -> Iterator[bool]:
     """Yield True if this caller won the session lock ``ns``/``resource``, False if another
     process holds it. Never waits.
 
@@ -166,8 +179,15 @@ def sole_writer(dsn: str, ns: str, resource: str | int, *,
                 (ns, resource, ns, resource),
             ).fetchone()
         if got:
-            _event("acquired", ns, resource, key, scope="session", backend_pid=conn.info.backend_pid,
-                   wait_ms=round((time.monotonic() - started) * 1000, 1))
+            _event(
+                "acquired",
+                ns,
+                resource,
+                key,
+                scope="session",
+                backend_pid=conn.info.backend_pid,
+                wait_ms=round((time.monotonic() - started) * 1000, 1),
+            )
         else:
             holders = conn.execute("SELECT pglockkit._lock_holders(%s)", (key,)).fetchone()[0]
             _event("skipped", ns, resource, key, scope="session", held_by_pid=holders)

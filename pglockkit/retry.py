@@ -22,11 +22,17 @@ def backoff(attempt: int, *, base: float = 0.05, cap: float = 5.0, rng: random.R
 
     Jitter is what keeps a swarm of retrying workers from synchronising into a thundering herd.
     """
-    return (rng or random).uniform(0, min(cap, base * (2 ** attempt)))
+    return (rng or random).uniform(0, min(cap, base * (2**attempt)))
 
 
-def retry(fn: Callable[[], T], *, attempts: int = 5, base: float = 0.05, cap: float = 5.0,
-          sleep: Callable[[float], None] = time.sleep) -> T:
+def retry(
+    fn: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base: float = 0.05,
+    cap: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """Call ``fn`` until it succeeds, retrying retryable failures with jittered backoff.
 
     ``fn`` must run one whole transaction (a retry re-runs all of it), e.g.::
@@ -51,7 +57,8 @@ def retry(fn: Callable[[], T], *, attempts: int = 5, base: float = 0.05, cap: fl
                     raise
                 raise err from exc
             pause = backoff(attempt, base=base, cap=cap)
-            log.info("retrying after sqlstate=%s attempt=%d pause_ms=%.1f",
-                     err.sqlstate, attempt + 1, pause * 1000)
+            log.info(
+                "retrying after sqlstate=%s attempt=%d pause_ms=%.1f", err.sqlstate, attempt + 1, pause * 1000
+            )
             sleep(pause)
     raise AssertionError("unreachable")

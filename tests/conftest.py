@@ -55,7 +55,7 @@ def _pg_ctl(name: str) -> str:
     launcher_dir.mkdir(exist_ok=True)
     launcher = launcher_dir / f"pg_ctl-{name}"
     launcher.write_text(
-        "#!/bin/sh\nexec {} {} {} \"$@\"\n".format(
+        '#!/bin/sh\nexec {} {} {} "$@"\n'.format(
             shlex.quote(sys.executable),
             shlex.quote(str(HERE / "pg_ctl_unprivileged.py")),
             shlex.quote(str(real)),
@@ -71,9 +71,11 @@ def _install_template(**params) -> None:
 
 
 pg15_proc = factories.postgresql_proc(
-    executable=_pg_ctl("pg15"), load=[_install_template], postgres_options=SERVER_OPTIONS)
+    executable=_pg_ctl("pg15"), load=[_install_template], postgres_options=SERVER_OPTIONS
+)
 pg18_proc = factories.postgresql_proc(
-    executable=_pg_ctl("pg18"), load=[_install_template], postgres_options=SERVER_OPTIONS)
+    executable=_pg_ctl("pg18"), load=[_install_template], postgres_options=SERVER_OPTIONS
+)
 pg15_client = factories.postgresql("pg15_proc")
 pg18_client = factories.postgresql("pg18_proc")
 

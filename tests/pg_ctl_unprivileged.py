@@ -26,7 +26,8 @@ def _user() -> pwd.struct_passwd:
     except KeyError:
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OS_USER],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
         return pwd.getpwnam(OS_USER)
 
