@@ -1,0 +1,439 @@
+"""Advisory-lock helpers against real servers: the contract tests of seed 003 (one writer per
+graph), timeouts, deadlock freedom by ordering, row locks, and bad input."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+
+import pglockkit
+from pglockkit import lock_key, namespace_id
+
+
+@pytest.fixture
+def ns(db):
+    db.conn.execute("SELECT pglockkit.register_namespace('graphs')")
+    return "graphs"
+
+
+def _advisory_locks_of(conn, pid):
+    return conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", (pid,)
+    ).fetchone()[0]
+
+
+# --- seed 003: one writer per graph -------------------------------------------------------------
+
+
+def _race(db, ns, tick):
+    """Two replicas released by a barrier each run ``tick``; returns the log."""
+    barrier = threading.Barrier(2)
+    log: list[str] = []
+
+    def replica(name):
+        barrier.wait()
+        tick(name, log)
+
+    threads = [threading.Thread(target=replica, args=(n,)) for n in ("replica-a", "replica-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return log
+
+
+def test_barrier_one_runs_one_skips_with_sole_writer(db, ns):
+    def tick(name, log):
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+            if not mine:
+                log.append(f"{name}: skipped")
+                return
+            time.sleep(0.5)  # the graph run: widens the race window
+            log.append(f"{name}: ran")
+
+    log = _race(db, ns, tick)
+    assert sorted(entry.split(": ")[1] for entry in log) == ["ran", "skipped"]
+
+
+def test_barrier_blocking_lock_runs_twice(db, ns):
+    """The same race with a blocking session lock: the duplicate is serialised, not prevented."""
+
+    def tick(name, log):
+        with db.connect() as conn:
+            conn.execute("SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,))
+            time.sleep(0.5)
+            log.append(f"{name}: ran")
+            conn.execute("SELECT pglockkit.unlock(%s, 'restock_plan')", (ns,))
+
+    log = _race(db, ns, tick)
+    assert sorted(entry.split(": ")[1] for entry in log) == ["ran", "ran"]
+
+
+def test_failure_inside_sole_writer_still_releases(db, ns):
+    with pytest.raises(RuntimeError, match="supplier feed down"):
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+            assert mine
+            raise RuntimeError("supplier feed down")
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert mine
+
+
+def test_two_resources_never_block_each_other(db, ns):
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as a:
+        started = time.monotonic()
+        with pglockkit.sole_writer(db.dsn, ns, "pack_audit") as b:
+            assert a and b
+            assert time.monotonic() - started < 1
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as again:
+            assert not again
+
+
+def test_killed_holder_frees_the_lock_at_once(db, ns):
+    holder = db.connect()
+    assert holder.execute("SELECT pglockkit.try_lock(%s, 'restock_plan')", (ns,)).fetchone()[0]
+    pid = holder.info.backend_pid
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert not mine
+    assert db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    killed = time.monotonic()
+    while True:  # termination is asynchronous; the lock goes with the backend's exit
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+            if mine:
+                break
+        assert time.monotonic() - killed < 2, "lock still held 2 s after its backend was terminated"
+        time.sleep(0.01)
+    holder.close()
+
+
+def test_sole_writer_survives_its_own_backend_being_killed(db, ns):
+    """If the server kills the holder mid-run, leaving the block does not raise, and the lock is free."""
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert mine
+        pid = db.conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = %s",
+            (lock_key(namespace_id(ns), "restock_plan") & 0xFFFFFFFF,),
+        ).fetchone()[0]
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.2)
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert mine
+
+
+def test_sole_writer_logs_acquire_skip_release_with_key(db, ns, caplog):
+    caplog.set_level(logging.INFO, logger="pglockkit.locks")
+    key = lock_key(namespace_id(ns), "restock_plan")
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert mine
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as other:
+            assert not other
+    events = [r.pglockkit for r in caplog.records if hasattr(r, "pglockkit")]
+    assert [e["event"] for e in events] == ["acquired", "skipped", "released"]
+    assert all(e["key"] == key and e["namespace"] == ns for e in events)
+    assert events[1]["held_by_pid"].isdigit()
+    assert events[2]["hold_ms"] >= 0
+
+
+def test_unlock_of_a_lock_not_held_is_an_error(db, ns):
+    with pytest.raises(
+        psycopg.errors.ObjectNotInPrerequisiteState, match="is not held by this session"
+    ) as err:
+        db.conn.execute("SELECT pglockkit.unlock(%s, 'never-taken')", (ns,))
+    assert "pooler" in err.value.diag.message_hint
+    # A lock held by another session cannot be released from here either.
+    with db.connect() as other:
+        assert other.execute("SELECT pglockkit.try_lock(%s, 7)", (ns,)).fetchone()[0]
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            db.conn.execute("SELECT pglockkit.unlock(%s, 7)", (ns,))
+        assert not db.conn.execute("SELECT pglockkit.try_lock(%s, 7)", (ns,)).fetchone()[0]
+
+
+def test_session_locks_are_reentrant_and_need_one_unlock_each(db, ns):
+    for _ in range(2):
+        assert db.conn.execute("SELECT pglockkit.try_lock(%s, 'r')", (ns,)).fetchone()[0]
+    db.conn.execute("SELECT pglockkit.unlock(%s, 'r')", (ns,))
+    with db.connect() as other:
+        assert not other.execute("SELECT pglockkit.try_lock(%s, 'r')", (ns,)).fetchone()[0]
+        db.conn.execute("SELECT pglockkit.unlock(%s, 'r')", (ns,))
+        assert other.execute("SELECT pglockkit.try_lock(%s, 'r')", (ns,)).fetchone()[0]
+
+
+# --- transaction locks and timeouts -------------------------------------------------------------
+
+
+def test_try_xact_lock_is_released_at_commit(db, ns):
+    with db.connect() as a, db.connect() as b:
+        with a.transaction():
+            assert pglockkit.try_xact_lock(a, ns, "nightly")
+            with b.transaction():
+                assert not pglockkit.try_xact_lock(b, ns, "nightly")
+        with b.transaction():
+            assert pglockkit.try_xact_lock(b, ns, "nightly")
+
+
+def test_xact_lock_times_out_in_about_the_timeout(db, ns):
+    with db.connect() as holder, db.connect() as waiter:
+        with holder.transaction():
+            pglockkit.xact_lock(holder, ns, "invoice:42")
+            started = time.monotonic()
+            with pytest.raises(pglockkit.LockTimeout) as err, waiter.transaction():
+                pglockkit.xact_lock(waiter, ns, "invoice:42", timeout=0.2)
+            elapsed = time.monotonic() - started
+        assert 0.18 <= elapsed < 1.0, elapsed
+        assert err.value.sqlstate == "55P03"
+        assert err.value.retry_after == pytest.approx(0.2)
+        cause = err.value.__cause__
+        assert f"Held by pid {holder.info.backend_pid}" in cause.diag.message_detail
+        assert "graphs/invoice:42" in cause.diag.message_primary
+        assert "try_xact_lock" in cause.diag.message_hint
+
+
+def test_xact_lock_waits_and_gets_the_lock_when_released(db, ns):
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pglockkit.xact_lock(%s, 1)", (ns,))
+        threading.Timer(0.3, holder.execute, args=("COMMIT",)).start()
+        started = time.monotonic()
+        with waiter.transaction():
+            key = pglockkit.xact_lock(waiter, ns, 1, timeout=5)
+        assert 0.25 <= time.monotonic() - started < 3
+        assert key == lock_key(namespace_id(ns), 1)
+
+
+def test_timeout_leaves_lock_timeout_setting_as_it_was(db, ns):
+    with db.connect() as holder, db.connect(autocommit=False) as conn:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'busy')", (ns,))
+        conn.execute("SET lock_timeout = '7s'")
+        conn.commit()
+        conn.execute("SELECT pglockkit.xact_lock(%s, 'free', interval '50 ms')", (ns,))
+        assert conn.execute("SHOW lock_timeout").fetchone()[0] == "7s"
+        conn.execute("SAVEPOINT s")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute("SELECT pglockkit.xact_lock(%s, 'busy', interval '50 ms')", (ns,))
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        assert conn.execute("SHOW lock_timeout").fetchone()[0] == "7s"
+        # The lock taken before the failed wait is still held by this transaction.
+        assert not holder.execute("SELECT pglockkit.try_xact_lock(%s, 'free')", (ns,)).fetchone()[0]
+        conn.rollback()
+
+
+def test_namespace_default_timeout_applies_when_call_passes_none(db):
+    db.conn.execute("SELECT pglockkit.register_namespace('quick', lock_timeout => interval '150 ms')")
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("SELECT pglockkit.try_lock('quick', 'x')")
+        started = time.monotonic()
+        with pytest.raises(pglockkit.LockTimeout), waiter.transaction():
+            pglockkit.xact_lock(waiter, "quick", "x")
+        assert 0.13 <= time.monotonic() - started < 1.0
+
+
+def test_server_lock_timeout_applies_without_call_or_namespace_timeout(db, ns):
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'x')", (ns,))
+        waiter.execute("SET lock_timeout = '120ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable) as err, waiter.transaction():
+            waiter.execute("SELECT pglockkit.xact_lock(%s, 'x')", (ns,))
+        assert "lock_timeout 120ms" in err.value.diag.message_primary
+
+
+def test_python_helpers_refuse_autocommit_without_transaction(db, ns):
+    with pytest.raises(ValueError, match=r"conn\.transaction"):
+        pglockkit.xact_lock(db.conn, ns, "x")
+    with pytest.raises(ValueError, match=r"conn\.transaction"):
+        pglockkit.try_xact_lock(db.conn, ns, "x")
+
+
+# --- deadlock freedom ---------------------------------------------------------------------------
+
+
+def _opposite_orders(db, lock_pair) -> list[str]:
+    """Two sessions lock 'a' and 'b' in opposite orders, released together. Returns sqlstates."""
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def session(order):
+        with db.connect(autocommit=False) as conn:
+            conn.execute("SET deadlock_timeout = '100ms'")
+            try:
+                lock_pair(conn, order, barrier)
+                conn.commit()
+                outcomes.append("ok")
+            except psycopg.Error as exc:
+                outcomes.append(exc.sqlstate)
+
+    threads = [threading.Thread(target=session, args=(o,)) for o in (["a", "b"], ["b", "a"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(outcomes)
+
+
+def test_unordered_locks_deadlock(db, ns):
+    def one_at_a_time(conn, order, barrier):
+        conn.execute("SELECT pglockkit.xact_lock(%s, %s)", (ns, order[0]))
+        barrier.wait()
+        conn.execute("SELECT pglockkit.xact_lock(%s, %s)", (ns, order[1]))
+
+    assert _opposite_orders(db, one_at_a_time) == ["40P01", "ok"]
+
+
+def test_xact_lock_all_in_opposite_orders_does_not_deadlock(db, ns):
+    def all_at_once(conn, order, barrier):
+        barrier.wait()
+        conn.execute("SELECT pglockkit.xact_lock_all(%s, %s::text[])", (ns, order))
+        time.sleep(0.05)
+
+    assert _opposite_orders(db, all_at_once) == ["ok", "ok"]
+
+
+def test_swarm_with_random_orders_has_no_deadlocks(db, ns):
+    """Eight threads, each locking the same five resources in a random order, many times."""
+    resources = [f"acct:{i}" for i in range(5)]
+    errors: list[str] = []
+    done = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        with db.connect(autocommit=False) as conn:
+            conn.execute("SET deadlock_timeout = '50ms'")
+            conn.commit()
+            for _ in range(25):
+                order = rng.sample(resources, k=len(resources))
+                try:
+                    keys = conn.execute(
+                        "SELECT pglockkit.xact_lock_all(%s, %s::text[], '10s')", (ns, order)
+                    ).fetchone()[0]
+                    assert keys == sorted(keys)
+                    time.sleep(0.001)
+                    conn.commit()
+                    done.append(1)
+                except psycopg.Error as exc:
+                    errors.append(exc.sqlstate)
+                    conn.rollback()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(done) == 8 * 25
+
+
+def test_xact_lock_all_timeout_bounds_the_whole_call(db, ns):
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'c')", (ns,))
+        started = time.monotonic()
+        with pytest.raises(pglockkit.LockTimeout), waiter.transaction():
+            pglockkit.xact_lock_all(waiter, ns, ["a", "b", "c", "d"], timeout=0.2)
+        assert 0.18 <= time.monotonic() - started < 1.0
+        # The failed call took nothing with it: its transaction rolled back.
+        assert _advisory_locks_of(db.conn, waiter.info.backend_pid) == 0
+
+
+def test_xact_lock_all_dedupes_and_handles_integers_and_empty(db, ns):
+    with db.connect() as conn, conn.transaction():
+        keys = pglockkit.xact_lock_all(conn, ns, [3, 1, 3, 2])
+        assert keys == [lock_key(namespace_id(ns), i) for i in (1, 2, 3)]
+        assert pglockkit.xact_lock_all(conn, ns, []) == []
+        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 3
+
+
+# --- row locks ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orders(db):
+    db.conn.execute('CREATE SCHEMA "Shop Floor"')
+    db.conn.execute('CREATE TABLE "Shop Floor"."Orders ""2026""" (id bigint PRIMARY KEY, status text)')
+    db.conn.execute(
+        'INSERT INTO "Shop Floor"."Orders ""2026""" SELECT g, \'pending\' FROM generate_series(1, 10) g'
+    )
+    return '"Shop Floor"."Orders ""2026"""'
+
+
+def test_lock_rows_locks_existing_rows_and_quotes_identifiers(db, orders):
+    with db.connect() as conn, db.connect() as other:
+        with conn.transaction():
+            assert pglockkit.lock_rows(conn, orders, [3, 1, 99, 1]) == 2
+            other.execute("SET lock_timeout = '100ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(f"SELECT 1 FROM {orders} WHERE id = 3 FOR UPDATE")
+            assert other.execute(f"SELECT id FROM {orders} WHERE id = 2 FOR UPDATE").fetchall() == [(2,)]
+
+
+def test_lock_rows_in_opposite_orders_does_not_deadlock(db, orders):
+    def lock_pair(conn, order, barrier):
+        barrier.wait()
+        conn.execute("SELECT pglockkit.lock_rows(%s, %s)", (orders, [int(o == "b") + 1 for o in order]))
+        time.sleep(0.05)
+
+    assert _opposite_orders(db, lock_pair) == ["ok", "ok"]
+
+
+def test_lock_rows_timeout(db, orders):
+    with db.connect() as holder, db.connect() as waiter:
+        with holder.transaction():
+            holder.execute(f"SELECT 1 FROM {orders} WHERE id = 5 FOR UPDATE")
+            started = time.monotonic()
+            with pytest.raises(pglockkit.LockTimeout, match="could not lock row 5"), waiter.transaction():
+                pglockkit.lock_rows(waiter, orders, [1, 5, 9], timeout=0.2)
+            assert 0.18 <= time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    ("call", "sqlstate"),
+    [
+        ("SELECT pglockkit.lock_rows(NULL, ARRAY[1])", "22004"),
+        ("SELECT pglockkit.lock_rows('pglockkit.namespaces', NULL)", "22004"),
+        ("SELECT pglockkit.lock_rows('pglockkit.namespaces', ARRAY[1, NULL])", "22004"),
+        ("SELECT pglockkit.lock_rows('pglockkit.namespaces', ARRAY[1], interval '-1 s')", "22023"),
+        ("SELECT pglockkit.lock_rows('pg_catalog.pg_class', ARRAY[1])", "42703"),
+        ("SELECT pglockkit.lock_rows('no_such_table', ARRAY[1])", "42P01"),
+    ],
+)
+def test_lock_rows_bad_input(db, call, sqlstate):
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(call)
+    assert err.value.sqlstate == sqlstate
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+BAD_CALLS = [
+    ("SELECT pglockkit.lock_key('graphs', NULL::text)", "22004", "resource must not be null"),
+    ("SELECT pglockkit.lock_key(NULL, 'x')", "22004", "namespace must not be null"),
+    ("SELECT pglockkit.lock_key('graphs', -1)", "22003", "out of range"),
+    ("SELECT pglockkit.lock_key('graphs', 140737488355328)", "22003", "out of range"),
+    ("SELECT pglockkit.try_lock('graphs', NULL::text)", "22004", "must not be null"),
+    ("SELECT pglockkit.try_lock('graphs', -5)", "22003", "out of range"),
+    ("SELECT pglockkit.unlock('graphs', NULL::bigint)", "22004", "must not be null"),
+    ("SELECT pglockkit.try_xact_lock(NULL, 'x')", "22004", "must not be null"),
+    ("SELECT pglockkit.xact_lock('graphs', 'x', interval '0')", "22023", "must be positive"),
+    ("SELECT pglockkit.xact_lock('graphs', 'x', interval '-1 ms')", "22023", "must be positive"),
+    ("SELECT pglockkit.xact_lock('graphs', 'x', interval '1 day -25 hours')", "22023", "must be positive"),
+    ("SELECT pglockkit.xact_lock('graphs', 'x', interval '30 days')", "22003", "out of range"),
+    ("SELECT pglockkit.xact_lock('graphs', -1, interval '1 s')", "22003", "out of range"),
+    ("SELECT pglockkit.xact_lock_all('graphs', NULL::text[])", "22004", "without nulls"),
+    ("SELECT pglockkit.xact_lock_all('graphs', ARRAY['a', NULL])", "22004", "without nulls"),
+    ("SELECT pglockkit.xact_lock_all('graphs', ARRAY[1, -1]::bigint[])", "22003", "out of range"),
+    ("SELECT pglockkit.xact_lock_all('graphs', ARRAY['a'], interval '0')", "22023", "must be positive"),
+]
+
+
+@pytest.mark.parametrize(("call", "sqlstate", "message"), BAD_CALLS)
+def test_bad_input_is_rejected_and_takes_no_lock(db, ns, call, sqlstate, message):
+    registry = db.conn.execute("SELECT * FROM pglockkit.namespaces ORDER BY id").fetchall()
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.Error, match=message) as err:
+            conn.execute(call)
+        assert err.value.sqlstate == sqlstate
+        conn.execute("ROLLBACK")
+        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 0
+    assert db.conn.execute("SELECT * FROM pglockkit.namespaces ORDER BY id").fetchall() == registry

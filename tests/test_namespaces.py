@@ -1,0 +1,132 @@
+"""The namespace registry: derived ids, idempotent registration, collisions, bad input."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+import pglockkit
+from pglockkit import namespace_id
+
+
+def _registry(conn):
+    return conn.execute(
+        "SELECT id, name, description, lock_timeout FROM pglockkit.namespaces ORDER BY id"
+    ).fetchall()
+
+
+def test_kit_namespace_is_registered_at_install(db):
+    assert db.conn.execute("SELECT id FROM pglockkit.namespaces WHERE name = 'pglockkit'").fetchone()[
+        0
+    ] == namespace_id("pglockkit")
+
+
+def test_derived_id_is_deterministic_and_registration_idempotent(db):
+    first = pglockkit.register_namespace(db.conn, "billing", description="invoices")
+    assert first == namespace_id("billing")
+    assert pglockkit.register_namespace(db.conn, "billing") == first
+    assert pglockkit.register_namespace(db.conn, "billing", first) == first
+    rows = [r for r in _registry(db.conn) if r[1] == "billing"]
+    assert rows == [(first, "billing", "invoices", None)]
+
+
+def test_reregistration_updates_description_and_timeout_only_when_given(db):
+    pglockkit.register_namespace(db.conn, "cron", 77, "nightly jobs", lock_timeout=2)
+    pglockkit.register_namespace(db.conn, "cron")
+    assert [r for r in _registry(db.conn) if r[1] == "cron"] == [
+        (77, "cron", "nightly jobs", timedelta(seconds=2))
+    ]
+    pglockkit.register_namespace(db.conn, "cron", lock_timeout=timedelta(milliseconds=500))
+    assert [r for r in _registry(db.conn) if r[1] == "cron"] == [
+        (77, "cron", "nightly jobs", timedelta(milliseconds=500))
+    ]
+
+
+def test_id_collision_names_the_holder_and_changes_nothing(db):
+    pglockkit.register_namespace(db.conn, "billing", 42)
+    before = _registry(db.conn)
+    with pytest.raises(pglockkit.NamespaceConflict, match='held by namespace "billing"') as err:
+        pglockkit.register_namespace(db.conn, "shipping", 42)
+    assert err.value.sqlstate == "23505"
+    with pytest.raises(pglockkit.NamespaceConflict, match="already registered with id 42, not 43"):
+        pglockkit.register_namespace(db.conn, "billing", 43)
+    assert _registry(db.conn) == before
+
+
+def test_derived_id_collision_is_an_error_naming_the_holder(db):
+    # Take the id that 'victim' would derive under another name.
+    pglockkit.register_namespace(db.conn, "squatter", namespace_id("victim"))
+    with pytest.raises(pglockkit.NamespaceConflict, match='held by namespace "squatter"'):
+        pglockkit.register_namespace(db.conn, "victim")
+    assert pglockkit.register_namespace(db.conn, "victim", 9) == 9
+
+
+@pytest.mark.parametrize(
+    ("args", "sqlstate", "message"),
+    [
+        ((None,), "22004", "must not be null"),
+        (("",), "22023", "invalid namespace name"),
+        (("Billing",), "22023", "invalid namespace name"),
+        (("9lives",), "22023", "invalid namespace name"),
+        (("has space",), "22023", "invalid namespace name"),
+        (("x" * 64,), "22023", "invalid namespace name"),
+        (("ok", 0), "22003", "out of range"),
+        (("ok", 32768), "22003", "out of range"),
+        (("ok", -1), "22003", "out of range"),
+        (("ok", None, None, timedelta(0)), "22023", "must be positive"),
+        (("ok", None, None, timedelta(seconds=-1)), "22023", "must be positive"),
+    ],
+)
+def test_bad_input_is_rejected_with_sqlstate_and_nothing_changes(db, args, sqlstate, message):
+    before = _registry(db.conn)
+    padded = (*args, None, None, None)[:4]
+    with pytest.raises(psycopg.Error, match=message) as err:
+        db.conn.execute("SELECT pglockkit.register_namespace(%s, %s, %s, %s)", padded)
+    assert err.value.sqlstate == sqlstate
+    assert _registry(db.conn) == before
+
+
+def test_many_pods_registering_at_once_agree(db):
+    """Sixteen connections register the same name at the same instant: one id, no error."""
+    barrier = threading.Barrier(16)
+    results, errors = [], []
+
+    def pod():
+        try:
+            with db.connect() as conn:
+                barrier.wait()
+                results.append(pglockkit.register_namespace(conn, "swarm"))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pod) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results == [namespace_id("swarm")] * 16
+    assert (
+        db.conn.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'swarm'").fetchone()[0] == 1
+    )
+
+
+def test_unknown_namespace_is_42704_everywhere(db):
+    calls = [
+        "SELECT pglockkit.lock_key('nope', 'x')",
+        "SELECT pglockkit.lock_key('nope', 1)",
+        "SELECT pglockkit.try_lock('nope', 'x')",
+        "SELECT pglockkit.unlock('nope', 'x')",
+        "SELECT pglockkit.try_xact_lock('nope', 'x')",
+        "SELECT pglockkit.xact_lock('nope', 'x')",
+        "SELECT pglockkit.xact_lock_all('nope', ARRAY['x'])",
+    ]
+    for call in calls:
+        with pytest.raises(psycopg.errors.UndefinedObject, match='unknown lock namespace "nope"') as err:
+            db.conn.execute(call)
+        assert "register_namespace('nope')" in err.value.diag.message_hint
+    # Nothing was auto-registered on the way.
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'nope'").fetchone()[0] == 0
