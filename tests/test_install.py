@@ -1,0 +1,185 @@
+"""Installing: idempotent, concurrent, reversible, as an ordinary role, and the SQL bundle equal
+to the migrations."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+import pglockkit
+from pglockkit.install import migrations_dir, render_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = ROOT / "sql" / "pglockkit.sql"
+
+
+def _objects(dsn: str) -> list[tuple]:
+    """Every schema-level object of pglockkit's in the database (schemas, relations, functions, types)."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            """SELECT 'schema', nspname FROM pg_namespace WHERE nspname LIKE 'pglockkit%'
+               UNION ALL SELECT 'relation', c.oid::regclass::text FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname LIKE 'pglockkit%'
+               UNION ALL SELECT 'function', p.oid::regprocedure::text FROM pg_proc p
+                 JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname LIKE 'pglockkit%'
+               UNION ALL SELECT 'type', t.oid::regtype::text FROM pg_type t
+                 JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname LIKE 'pglockkit%'
+               ORDER BY 1, 2"""
+        ).fetchall()
+
+
+def test_migration_files_are_numbered_named_and_reversible():
+    files = sorted(p.name for p in migrations_dir().glob("*.sql"))
+    forward = [f for f in files if not f.endswith(".rollback.sql")]
+    assert forward, "no migrations found"
+    for number, name in enumerate(forward, start=1):
+        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", name), name
+        assert int(name[:4]) == number, f"{name}: migrations must be numbered 0001, 0002, ... without gaps"
+        assert name.replace(".sql", ".rollback.sql") in files, f"{name} has no rollback"
+
+
+def test_install_twice_is_a_no_op(empty_db):
+    assert pglockkit.install(empty_db) == ["0001_foundation"]
+    objects = _objects(empty_db)
+    assert pglockkit.install(empty_db) == []
+    assert _objects(empty_db) == objects
+    assert all(s.applied for s in pglockkit.status(empty_db))
+
+
+def test_status_before_install_lists_everything_pending(empty_db):
+    states = pglockkit.status(empty_db)
+    assert states and not any(s.applied for s in states)
+    assert _objects(empty_db) == []  # status creates nothing
+
+
+def test_eight_installers_at_once_all_succeed(empty_db):
+    code = "import sys, pglockkit; print(len(pglockkit.install(sys.argv[1])))"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, empty_db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(8)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [err for _, err in results]
+    applied = sorted(int(out.strip()) for out, _ in results)
+    assert applied == [0] * 7 + [1]  # one applied the migration, seven found nothing to do
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT pglockkit.lock_key('pglockkit', 'x') > 0").fetchone()[0]
+
+
+def test_uninstall_leaves_nothing_and_reinstall_works(empty_db):
+    pglockkit.install(empty_db)
+    assert pglockkit.uninstall(empty_db) == ["0001_foundation"]
+    assert _objects(empty_db) == []
+    assert pglockkit.install(empty_db) == ["0001_foundation"]
+    assert _objects(empty_db) != []
+
+
+def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db):
+    dbname = conninfo_to_dict(empty_db)["dbname"]
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS app_owner")
+        conn.execute("CREATE ROLE app_owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB")
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO app_owner')
+    dsn = make_conninfo(empty_db, user="app_owner")
+    assert pglockkit.install(dsn) == ["0001_foundation"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert (
+            conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0] is False
+        )
+        assert pglockkit.register_namespace(conn, "billing") > 0
+        with conn.transaction():
+            assert pglockkit.try_xact_lock(conn, "billing", "x")
+        owner = conn.execute(
+            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pglockkit'"
+        ).fetchone()
+        assert owner == ("app_owner",)
+    assert pglockkit.uninstall(dsn) == ["0001_foundation"]
+    assert _objects(empty_db) == []
+
+
+def test_functions_pin_search_path_have_comments_and_are_not_public(db):
+    rows = db.conn.execute(
+        """SELECT p.oid::regprocedure::text, p.proconfig, obj_description(p.oid, 'pg_proc'),
+                  coalesce(p.proacl::text, ''), p.prosecdef
+             FROM pg_proc p WHERE p.pronamespace = 'pglockkit'::regnamespace"""
+    ).fetchall()
+    assert len(rows) > 20
+    for sig, config, comment, acl, _ in rows:
+        assert config and any(c.startswith("search_path=pg_catalog") for c in config), sig
+        assert comment, f"{sig} has no COMMENT"
+        assert not re.search(r"(^|[{,])=X", acl), f"{sig} is executable by PUBLIC: {acl}"
+        if not sig.startswith("pglockkit._grant_privileges"):
+            assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
+    definers = sorted(sig for sig, *_, secdef in rows if secdef)
+    assert definers == ["pglockkit.register_namespace(text,integer,text,interval)"]
+
+
+def test_bundle_is_current():
+    assert BUNDLE.read_text(encoding="utf-8") == render_bundle(), "run `pglockkit bundle`"
+
+
+def _pg_dump_schema(server, dsn: str) -> str:
+    out = subprocess.run(
+        [str(server.bindir / "pg_dump"), "--schema-only", "--schema=pglockkit", "--no-owner", dsn],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    # pg_dump's per-run \restrict key and version banner are not schema.
+    return "\n".join(
+        line for line in out.splitlines() if not line.startswith(("\\restrict", "\\unrestrict", "-- Dumped"))
+    )
+
+
+def _psql_file(server, dsn: str, path: Path) -> None:
+    subprocess.run(
+        [str(server.bindir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_bundle_and_migrations_build_the_same_schema(server):
+    from_bundle = server.dsn(server.create_database())
+    from_migrations = server.dsn(server.create_database())
+    _psql_file(server, from_bundle, BUNDLE)
+    pglockkit.install(from_migrations)
+    bundle_dump, migrations_dump = (
+        _pg_dump_schema(server, from_bundle),
+        _pg_dump_schema(server, from_migrations),
+    )
+    assert "CREATE FUNCTION pglockkit.xact_lock" in bundle_dump
+    assert bundle_dump == migrations_dump
+
+
+def test_install_adopts_a_bundle_install(server):
+    dsn = server.dsn(server.create_database())
+    _psql_file(server, dsn, BUNDLE)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT pglockkit.register_namespace('kept')")
+    assert pglockkit.install(dsn) == []  # adopted, nothing re-applied
+    assert all(s.applied for s in pglockkit.status(dsn))
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass('pglockkit_migrations.bundle')").fetchone()[0] is None
+        assert (
+            conn.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'kept'").fetchone()[0] == 1
+        )
+
+
+@pytest.mark.parametrize("dsn_source", ["argument", "environment"])
+def test_dsn_resolution(server, empty_db, monkeypatch, dsn_source):
+    if dsn_source == "environment":
+        monkeypatch.setenv("PGLOCKKIT_DSN", empty_db)
+        assert pglockkit.resolve_dsn(None) == empty_db
+    else:
+        monkeypatch.setenv("PGLOCKKIT_DSN", "dbname=wrong")
+        assert pglockkit.resolve_dsn(empty_db) == empty_db
