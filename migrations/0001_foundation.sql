@@ -311,7 +311,7 @@ BEGIN
                 coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
             USING ERRCODE = 'lock_not_available',
                   DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(key) OPERATOR(pg_catalog.||) '.',
-                  HINT = 'Retry with jittered backoff, or use try_xact_lock to skip instead of waiting; SELECT * FROM pglockkit.advisory_locks shows the holder.';
+                  HINT = 'Retry with jittered backoff, or use try_xact_lock to skip instead of waiting; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
     END;
     IF timeout IS NOT NULL THEN
         PERFORM pg_catalog.set_config('lock_timeout', v_prev, true);
@@ -367,7 +367,7 @@ BEGIN
                     RAISE EXCEPTION 'could not lock %/% (key %) within % (the whole call''s budget)', ns, v_label, v_key, v_timeout
                         USING ERRCODE = 'lock_not_available',
                               DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(v_key) OPERATOR(pg_catalog.||) '.',
-                              HINT = 'Retry with jittered backoff; SELECT * FROM pglockkit.advisory_locks shows the holder.';
+                              HINT = 'Retry with jittered backoff; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
                 END IF;
             END IF;
             PERFORM pglockkit._xact_lock_wait(ns, v_label, v_key, v_left);
@@ -527,7 +527,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
                 USING ERRCODE = 'lock_not_available',
-                      HINT = 'Retry with jittered backoff; SELECT * FROM pglockkit.lock_waits shows who blocks it.';
+                      HINT = 'Retry with jittered backoff; pg_blocking_pids() of a waiting session names who blocks it.';
         END;
         v_found := v_found OPERATOR(pg_catalog.+) v_rows;
     END LOOP;
