@@ -50,9 +50,11 @@ COMMENT ON COLUMN pglockkit.namespaces.lock_timeout IS
 --   h47 = first 6 bytes of sha256(UTF-8 bytes), big-endian, shifted right by 1
 -- ---------------------------------------------------------------------------------------------
 
+-- _h47 and _key(smallint, text) have no SET clause so that the planner inlines them into their
+-- callers (a SET clause forbids inlining, and they are on every lock call's path). Every name in
+-- them is schema-qualified, operators included, so the caller's search_path cannot change them.
 CREATE FUNCTION pglockkit._h47(resource text) RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT (('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
                 pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 6),
@@ -96,20 +98,14 @@ COMMENT ON FUNCTION pglockkit._ns_id(text) IS
     'Private: the id of a registered namespace; 22004 for NULL, 42704 for an unknown name.';
 
 CREATE FUNCTION pglockkit._key(ns_id smallint, resource text) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-BEGIN
-    IF resource IS NULL THEN
-        RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    RETURN (ns_id::int8 OPERATOR(pg_catalog.<<) 48)
-           OPERATOR(pg_catalog.|) (1::int8 OPERATOR(pg_catalog.<<) 47)
-           OPERATOR(pg_catalog.|) pglockkit._h47(resource);
-END
+    SELECT ((ns_id::pg_catalog.int8 OPERATOR(pg_catalog.<<) 48)
+            OPERATOR(pg_catalog.|) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47))
+           OPERATOR(pg_catalog.|) pglockkit._h47(resource)
 $$;
 COMMENT ON FUNCTION pglockkit._key(smallint, text) IS
-    'Private: the lock key of a text resource in namespace id ns_id.';
+    'Private: the lock key of a text resource in namespace id ns_id (NULL for a NULL resource: callers check).';
 
 CREATE FUNCTION pglockkit._key(ns_id smallint, resource bigint) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -131,16 +127,30 @@ COMMENT ON FUNCTION pglockkit._key(smallint, bigint) IS
     'Private: the lock key of an integer resource (0 <= id < 2^47) in namespace id ns_id.';
 
 CREATE FUNCTION pglockkit.lock_key(ns text, resource text) RETURNS bigint
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._key(pglockkit._ns_id(ns), resource) $$;
+AS $$
+DECLARE
+    v_id smallint;
+BEGIN
+    IF resource IS NULL THEN
+        RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- The lookup is inline (not a call to _ns_id) because this is every lock call's path.
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    IF v_id IS NULL THEN
+        v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
+    END IF;
+    RETURN pglockkit._key(v_id, resource);
+END
+$$;
 COMMENT ON FUNCTION pglockkit.lock_key(text, text) IS
     'The advisory-lock key of a text resource: (ns_id << 48) | (1 << 47) | h47(resource), h47 = first 6 bytes of sha256(UTF-8), big-endian, >> 1. Example: lock_key(''billing'', ''invoice:42'').';
 
 CREATE FUNCTION pglockkit.lock_key(ns text, resource bigint) RETURNS bigint
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._key(pglockkit._ns_id(ns), resource) $$;
+AS $$ BEGIN RETURN pglockkit._key(pglockkit._ns_id(ns), resource); END $$;
 COMMENT ON FUNCTION pglockkit.lock_key(text, bigint) IS
     'The advisory-lock key of an integer resource: (ns_id << 48) | id, with 0 <= id < 2^47 (22003 otherwise).';
 
@@ -326,7 +336,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pglockkit._check_timeout(timeout);
+    IF timeout IS NOT NULL THEN
+        PERFORM pglockkit._check_timeout(timeout);
+    END IF;
     -- Uncontended fast path: no subtransaction, no setting changed.
     IF pg_catalog.pg_try_advisory_xact_lock(key) THEN
         RETURN key;
@@ -381,16 +393,16 @@ COMMENT ON FUNCTION pglockkit._xact_lock_all(text, text[], bigint[], interval) I
     'Private: takes transaction advisory locks on keys in ascending order within one timeout budget.';
 
 CREATE FUNCTION pglockkit.try_lock(ns text, resource text) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_catalog.pg_try_advisory_lock(pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN RETURN pg_catalog.pg_try_advisory_lock(pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.try_lock(text, text) IS
     'Session-level try-lock: true if taken, false at once if another session holds it. Held until pglockkit.unlock or the end of the session. Use on a dedicated, unpooled connection (never through a transaction-mode pooler).';
 
 CREATE FUNCTION pglockkit.try_lock(ns text, resource bigint) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_catalog.pg_try_advisory_lock(pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN RETURN pg_catalog.pg_try_advisory_lock(pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.try_lock(text, bigint) IS
     'Session-level try-lock on an integer resource (0 <= id < 2^47). See try_lock(text, text).';
 
@@ -410,44 +422,44 @@ COMMENT ON FUNCTION pglockkit._unlock(text, text, bigint) IS
     'Private: releases one hold of a session advisory lock, or raises 55000 if this session does not hold it.';
 
 CREATE FUNCTION pglockkit.unlock(ns text, resource text) RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._unlock(ns, resource, pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN PERFORM pglockkit._unlock(ns, resource, pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.unlock(text, text) IS
     'Releases one hold of a session lock taken with try_lock. Releasing a lock this session does not hold is error 55000, not a silent false.';
 
 CREATE FUNCTION pglockkit.unlock(ns text, resource bigint) RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._unlock(ns, resource::text, pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN PERFORM pglockkit._unlock(ns, resource::text, pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.unlock(text, bigint) IS
     'Releases one hold of a session lock on an integer resource; 55000 if not held.';
 
 CREATE FUNCTION pglockkit.try_xact_lock(ns text, resource text) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN RETURN pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.try_xact_lock(text, text) IS
     'Transaction-level try-lock: true if taken (released at commit or rollback), false at once otherwise. Safe through transaction-mode poolers.';
 
 CREATE FUNCTION pglockkit.try_xact_lock(ns text, resource bigint) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource)) $$;
+AS $$ BEGIN RETURN pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource)); END $$;
 COMMENT ON FUNCTION pglockkit.try_xact_lock(text, bigint) IS
     'Transaction-level try-lock on an integer resource. See try_xact_lock(text, text).';
 
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource text, timeout interval DEFAULT NULL) RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout) $$;
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout); END $$;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, text, interval) IS
     'Transaction-level lock that waits at most timeout (else the namespace''s lock_timeout, else the server''s), then raises 55P03 naming the holder. Returns the key. Released at commit or rollback.';
 
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource bigint, timeout interval DEFAULT NULL) RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout) $$;
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout); END $$;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, bigint, interval) IS
     'xact_lock on an integer resource (0 <= id < 2^47). See xact_lock(text, text, interval).';
 

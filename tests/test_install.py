@@ -112,8 +112,14 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
              FROM pg_proc p WHERE p.pronamespace = 'pglockkit'::regnamespace"""
     ).fetchall()
     assert len(rows) > 20
+    # Inlined into their callers (a SET clause would forbid it); their bodies are fully qualified,
+    # which test_search_path_hijack_changes_nothing checks.
+    inlined = {"pglockkit._h47(text)", "pglockkit._key(smallint,text)"}
     for sig, config, comment, acl, _ in rows:
-        assert config and any(c.startswith("search_path=pg_catalog") for c in config), sig
+        if sig in inlined:
+            assert config is None, sig
+        else:
+            assert config and any(c.startswith("search_path=pg_catalog") for c in config), sig
         assert comment, f"{sig} has no COMMENT"
         assert not re.search(r"(^|[{,])=X", acl), f"{sig} is executable by PUBLIC: {acl}"
         if not sig.startswith("pglockkit._grant_privileges"):
@@ -183,3 +189,34 @@ def test_dsn_resolution(server, empty_db, monkeypatch, dsn_source):
     else:
         monkeypatch.setenv("PGLOCKKIT_DSN", "dbname=wrong")
         assert pglockkit.resolve_dsn(empty_db) == empty_db
+
+
+def test_search_path_hijack_changes_nothing(db):
+    """A role that shadows the functions and operators pglockkit uses, and puts its schema first
+    on its search_path (before pg_catalog), changes no key and no lock behaviour."""
+    db.conn.execute("SELECT pglockkit.register_namespace('billing', 42)")
+    expected = db.conn.execute("SELECT pglockkit.lock_key('billing', 'invoice:7')").fetchone()[0]
+    db.conn.execute("CREATE SCHEMA evil")
+    for ddl in [
+        "CREATE FUNCTION evil.sha256(bytea) RETURNS bytea LANGUAGE sql AS $$ SELECT '\\x00'::bytea $$",
+        "CREATE FUNCTION evil.encode(bytea, text) RETURNS text LANGUAGE sql AS $$ SELECT 'ffffffffffff' $$",
+        "CREATE FUNCTION evil.substr(bytea, int, int) RETURNS bytea"
+        " LANGUAGE sql AS $$ SELECT '\\x01'::bytea $$",
+        "CREATE FUNCTION evil.pg_try_advisory_xact_lock(bigint) RETURNS boolean"
+        " LANGUAGE sql AS $$ SELECT true $$",
+        "CREATE FUNCTION evil.concat_evil(text, text) RETURNS text LANGUAGE sql AS $$ SELECT 'x0' $$",
+        "CREATE OPERATOR evil.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.concat_evil)",
+        "CREATE FUNCTION evil.shr(bigint, int) RETURNS bigint LANGUAGE sql AS $$ SELECT 0::bigint $$",
+        "CREATE OPERATOR evil.>> (LEFTARG = bigint, RIGHTARG = int, FUNCTION = evil.shr)",
+    ]:
+        db.conn.execute(ddl)
+    db.conn.execute("SET search_path = evil, pg_catalog, public")
+    assert db.conn.execute("SELECT pglockkit.lock_key('billing', 'invoice:7')").fetchone()[0] == expected
+    assert db.conn.execute("SELECT pglockkit._key(42::smallint, 'invoice:7')").fetchone()[0] == expected
+    with db.connect() as other:
+        assert other.execute("SELECT pglockkit.try_lock('billing', 'invoice:7')").fetchone()[0]
+        db.conn.execute("BEGIN")
+        assert (
+            db.conn.execute("SELECT pglockkit.try_xact_lock('billing', 'invoice:7')").fetchone()[0] is False
+        )
+        db.conn.execute("ROLLBACK")
