@@ -62,9 +62,13 @@ class _InstallLock:
 
     def __enter__(self) -> psycopg.Connection:
         self.conn = connect(self.dsn, autocommit=True, application_name="pglockkit install")
-        self.conn.execute(f"SET lock_timeout = '{int(self.timeout_s * 1000)}ms'")
-        self.conn.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK_KEY,))
-        self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
+        try:
+            self.conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.timeout_s * 1000)}ms",))
+            self.conn.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK_KEY,))
+            self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
+        except BaseException:
+            self.conn.close()
+            raise
         return self.conn
 
     def __exit__(self, *exc) -> None:
