@@ -14,10 +14,12 @@ from pglockkit.errors import (
     PglockkitError,
     RetryableError,
     SerializationFailure,
+    StaleToken,
     UnknownNamespace,
 )
 from pglockkit.install import install, status, uninstall
 from pglockkit.keys import lock_key, namespace_id
+from pglockkit.leases import Lease, acquire_lease, check_fence, release_lease, renew_lease
 from pglockkit.locks import (
     lock_rows,
     namespaces,
@@ -28,30 +30,41 @@ from pglockkit.locks import (
     xact_lock_all,
 )
 from pglockkit.retry import backoff, retry
+from pglockkit.runs import finish_run, run_once, singleton, start_run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Deadlock",
     "InvalidArgument",
+    "Lease",
     "LockNotHeld",
     "LockTimeout",
     "NamespaceConflict",
     "PglockkitError",
     "RetryableError",
     "SerializationFailure",
+    "StaleToken",
     "UnknownNamespace",
+    "acquire_lease",
     "backoff",
+    "check_fence",
     "connect",
+    "finish_run",
     "install",
     "lock_key",
     "lock_rows",
     "namespace_id",
     "namespaces",
     "register_namespace",
+    "release_lease",
+    "renew_lease",
     "resolve_dsn",
     "retry",
+    "run_once",
+    "singleton",
     "sole_writer",
+    "start_run",
     "status",
     "try_xact_lock",
     "uninstall",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 
-from pglockkit import embedded, locks
+from pglockkit import embedded, locks, runs
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import install, render_bundle, status, uninstall
@@ -166,6 +167,71 @@ def cmd_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_once(args: argparse.Namespace) -> int:
+    command = args.run_command
+    if not command:
+        print(
+            "pglockkit once: give the command after --, e.g. pglockkit once nightly -- ./report.sh",
+            file=sys.stderr,
+        )
+        return 2
+    slot = args.slot or runs.today_utc()
+    with runs.run_once(_dsn(args), args.job, slot, args.holder) as run_id:
+        if run_id is None:
+            print(
+                f"pglockkit once: {args.job}/{slot} already ran or is running elsewhere; skipped",
+                file=sys.stderr,
+            )
+            return 0
+        try:
+            code = subprocess.run(command).returncode
+        except OSError as exc:
+            print(f"pglockkit once: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+            code = 127  # as a shell reports a command it cannot run
+        if code != 0:
+            # Recorded as failed by run_once; the exit status is the command's.
+            raise _CommandFailed(code)
+    return 0
+
+
+class _CommandFailed(Exception):
+    def __init__(self, code: int):
+        super().__init__(f"exit status {code}")
+        self.code = code
+
+
+def _print_rows(conn, query: str, params: tuple = ()) -> None:
+    cur = conn.execute(query, params)
+    names = [d.name for d in cur.description]
+    rows = [[("" if v is None else str(v)) for v in row] for row in cur.fetchall()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def cmd_leases(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        _print_rows(
+            conn,
+            "SELECT name, holder, token, live, date_trunc('milliseconds', expires_in) AS expires_in, "
+            "session_bound FROM pglockkit.lease_status ORDER BY name",
+        )
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        _print_rows(
+            conn,
+            "SELECT id, job, slot, holder, status, attempt, date_trunc('seconds', started_at) AS started_at, "
+            "date_trunc('milliseconds', duration) AS duration, detail FROM pglockkit.run_history "
+            "WHERE %s::text IS NULL OR job = %s ORDER BY started_at DESC LIMIT %s",
+            (args.job, args.job, args.limit),
+        )
+    return 0
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     text = render_bundle()
     target = Path(args.output)
@@ -234,6 +300,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("namespace")
     p.add_argument("resource")
     p.add_argument("--int", action="store_true", help="the resource is an integer id")
+    p = add(
+        "once",
+        cmd_once,
+        "run COMMAND only if this process wins JOB's slot (like flock(1), across machines)",
+        parents=[conn_opts],
+        usage="pglockkit once JOB [--slot SLOT] [options] -- COMMAND [ARGS...]",
+        epilog="Everything after -- is the command. Exit status: COMMAND's (127 if it cannot be run), "
+        "or 0 when the slot already ran or another pod is running it.",
+    )
+    p.add_argument("job", help="the job's name, e.g. nightly-aggregation")
+    p.add_argument("--slot", help="the slot to run once (default: today's date in UTC)")
+    p.add_argument("--holder", help="who runs it, shown in run history (default: host:pid)")
+    add("leases", cmd_leases, "list leases: holder, token, expiry", parents=[conn_opts])
+    p = add("runs", cmd_runs, "list singleton runs, newest first", parents=[conn_opts])
+    p.add_argument("--job", help="only this job")
+    p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
     p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
     p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")
     p.add_argument("--check", action="store_true", help="fail if the file is not current")
@@ -242,7 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `pglockkit once JOB [options] -- COMMAND ...`: the command is everything after the first --,
+    # options included, so it is split off before argparse sees it.
+    run_command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, run_command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    args.run_command = run_command
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )
@@ -259,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         if exc.diag.message_hint:
             print(f"hint: {exc.diag.message_hint}", file=sys.stderr)
         return 1
+    except _CommandFailed as exc:
+        return exc.code
     except embedded.EmbeddedUnavailable as exc:
         print(f"pglockkit: error: {exc}", file=sys.stderr)
         return 1

@@ -43,6 +43,13 @@ class LockNotHeld(PglockkitError):
     sqlstate = "55000"
 
 
+class StaleToken(PglockkitError):
+    """A fencing check failed (PK001): the lease changed hands, expired or was released.
+    The writer must stop; retrying with the same token can never succeed."""
+
+    sqlstate = "PK001"
+
+
 class RetryableError(PglockkitError):
     """A failure that a retry of the whole transaction can cure."""
 
@@ -75,6 +82,7 @@ _BY_SQLSTATE: dict[str, type[PglockkitError]] = {
     "42704": UnknownNamespace,
     "23505": NamespaceConflict,
     "55000": LockNotHeld,
+    "PK001": StaleToken,
     "55P03": LockTimeout,
     "40P01": Deadlock,
     "40001": SerializationFailure,

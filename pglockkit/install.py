@@ -63,7 +63,9 @@ class _InstallLock:
     def __enter__(self) -> psycopg.Connection:
         self.conn = connect(self.dsn, autocommit=True, application_name="pglockkit install")
         try:
-            self.conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.timeout_s * 1000)}ms",))
+            self.conn.execute(
+                "SELECT set_config('lock_timeout', %s, false)", (f"{int(self.timeout_s * 1000)}ms",)
+            )
             self.conn.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK_KEY,))
             self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
         except BaseException:

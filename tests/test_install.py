@@ -16,6 +16,7 @@ import pglockkit
 from pglockkit.install import migrations_dir, render_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
+ALL = sorted(p.stem for p in migrations_dir().glob("*.sql") if not p.name.endswith(".rollback.sql"))
 BUNDLE = ROOT / "sql" / "pglockkit.sql"
 
 
@@ -45,7 +46,7 @@ def test_migration_files_are_numbered_named_and_reversible():
 
 
 def test_install_twice_is_a_no_op(empty_db):
-    assert pglockkit.install(empty_db) == ["0001_foundation"]
+    assert pglockkit.install(empty_db) == ALL
     objects = _objects(empty_db)
     assert pglockkit.install(empty_db) == []
     assert _objects(empty_db) == objects
@@ -69,16 +70,16 @@ def test_eight_installers_at_once_all_succeed(empty_db):
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, [err for _, err in results]
     applied = sorted(int(out.strip()) for out, _ in results)
-    assert applied == [0] * 7 + [1]  # one applied the migration, seven found nothing to do
+    assert applied == [0] * 7 + [len(ALL)]  # one applied the migrations, seven found nothing to do
     with psycopg.connect(empty_db) as conn:
         assert conn.execute("SELECT pglockkit.lock_key('pglockkit', 'x') > 0").fetchone()[0]
 
 
 def test_uninstall_leaves_nothing_and_reinstall_works(empty_db):
     pglockkit.install(empty_db)
-    assert pglockkit.uninstall(empty_db) == ["0001_foundation"]
+    assert pglockkit.uninstall(empty_db) == ALL[::-1]
     assert _objects(empty_db) == []
-    assert pglockkit.install(empty_db) == ["0001_foundation"]
+    assert pglockkit.install(empty_db) == ALL
     assert _objects(empty_db) != []
 
 
@@ -89,7 +90,7 @@ def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db)
         conn.execute("CREATE ROLE app_owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB")
         conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO app_owner')
     dsn = make_conninfo(empty_db, user="app_owner")
-    assert pglockkit.install(dsn) == ["0001_foundation"]
+    assert pglockkit.install(dsn) == ALL
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert (
             conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0] is False
@@ -101,7 +102,7 @@ def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db)
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pglockkit'"
         ).fetchone()
         assert owner == ("app_owner",)
-    assert pglockkit.uninstall(dsn) == ["0001_foundation"]
+    assert pglockkit.uninstall(dsn) == ALL[::-1]
     assert _objects(empty_db) == []
 
 
@@ -114,7 +115,12 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
     assert len(rows) > 20
     # Inlined into their callers (a SET clause would forbid it); their bodies are fully qualified,
     # which test_search_path_hijack_changes_nothing checks.
-    inlined = {"pglockkit._h47(text)", "pglockkit._key(smallint,text)"}
+    inlined = {
+        "pglockkit._h47(text)",
+        "pglockkit._key(smallint,text)",
+        "pglockkit._lease_session_key(text)",
+        "pglockkit._run_key(text,text)",
+    }
     for sig, config, comment, acl, _ in rows:
         if sig in inlined:
             assert config is None, sig
@@ -125,7 +131,16 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         if not sig.startswith("pglockkit._grant_privileges"):
             assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
     definers = sorted(sig for sig, *_, secdef in rows if secdef)
-    assert definers == ["pglockkit.register_namespace(text,integer,text,interval)"]
+    # The functions that write the kit's tables, and no others.
+    assert definers == [
+        "pglockkit.acquire_lease(text,text,interval,boolean)",
+        "pglockkit.check_fence(text,bigint)",
+        "pglockkit.finish_run(bigint,boolean,text)",
+        "pglockkit.register_namespace(text,integer,text,interval)",
+        "pglockkit.release_lease(text,text,bigint)",
+        "pglockkit.renew_lease(text,text,bigint,interval)",
+        "pglockkit.start_run(text,text,text)",
+    ]
 
 
 def test_bundle_is_current():

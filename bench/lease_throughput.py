@@ -1,0 +1,192 @@
+"""Lease throughput: acquire + release cycles per second, pglockkit vs a bare upsert.
+
+What is measured: each client loops `acquire` then (if it got the lease) `release`, each call its
+own autocommit statement, for --seconds. Two shapes:
+
+- contended: every client fights for one lease name (only one can hold it at a time);
+- spread: every client has its own name (no contention: the per-call cost).
+
+The baseline does the same with plain SQL on a plain table: an `INSERT ... ON CONFLICT DO UPDATE
+... WHERE expired OR same holder RETURNING token` upsert to acquire and an `UPDATE` to release,
+i.e. what a hand-rolled lease costs without validation, fencing state or session binding.
+
+Reported: median cycles/s (successful acquire+release pairs) and attempts/s over --runs runs,
+pglockkit runs interleaved with baseline runs, and the ratio pglockkit/baseline.
+
+Reproduce: python -m bench.lease_throughput --embedded   (or --dsn DSN); about 40 s by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+import pglockkit
+from bench.lock_overhead import _nproc, _target
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lease_throughput.json"
+
+BASELINE_SETUP = """
+CREATE TABLE IF NOT EXISTS bench_bare_leases (
+    name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL)
+"""
+BASELINE_ACQUIRE = """
+INSERT INTO bench_bare_leases AS l (name, holder, token, expires_at)
+VALUES (%(name)s, %(holder)s, 1, clock_timestamp() + interval '30 seconds')
+ON CONFLICT (name) DO UPDATE
+   SET holder = excluded.holder, token = l.token + 1, expires_at = excluded.expires_at
+ WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder
+RETURNING token
+"""
+BASELINE_RELEASE = """
+UPDATE bench_bare_leases SET expires_at = clock_timestamp()
+ WHERE name = %(name)s AND holder = %(holder)s AND token = %(token)s
+"""
+KIT_ACQUIRE = "SELECT pglockkit.acquire_lease(%(name)s, %(holder)s, interval '30 seconds')"
+KIT_RELEASE = "SELECT pglockkit.release_lease(%(name)s, %(holder)s, %(token)s)"
+
+DESIGNS = {"pglockkit": (KIT_ACQUIRE, KIT_RELEASE), "bare upsert": (BASELINE_ACQUIRE, BASELINE_RELEASE)}
+
+
+def _client(
+    dsn: str,
+    design: str,
+    name: str,
+    holder: str,
+    seconds: float,
+    barrier: threading.Barrier,
+    out: list[tuple[int, int]],
+) -> None:
+    acquire, release = DESIGNS[design]
+    cycles = attempts = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        params = {"name": name, "holder": holder, "token": None}
+        barrier.wait()
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            attempts += 1
+            row = conn.execute(acquire, params, prepare=True).fetchone()
+            token = row[0] if row else None
+            if token is not None:
+                params["token"] = token
+                conn.execute(release, params, prepare=True)
+                cycles += 1
+    out.append((cycles, attempts))
+
+
+def run_once(
+    dsn: str, design: str, clients: int, contended: bool, seconds: float, tag: str
+) -> tuple[float, float]:
+    barrier = threading.Barrier(clients)
+    out: list[tuple[int, int]] = []
+    threads = [
+        threading.Thread(
+            target=_client,
+            args=(
+                dsn,
+                design,
+                f"bench-{tag}" if contended else f"bench-{tag}-{i}",
+                f"client-{i}",
+                seconds,
+                barrier,
+                out,
+            ),
+        )
+        for i in range(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(c for c, _ in out) / seconds, sum(a for _, a in out) / seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lease_throughput", description=__doc__.splitlines()[0]
+    )
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--dsn")
+    target.add_argument("--embedded", action="store_true")
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args(argv)
+    dsn, target_name = _target(args)
+    pglockkit.install(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BASELINE_SETUP)
+        version = conn.execute("SHOW server_version").fetchone()[0]
+
+    rows = []
+    for clients in [int(c) for c in args.clients.split(",")]:
+        for contended in (True, False):
+            if clients == 1 and not contended:
+                continue  # one client: the two shapes are the same
+            rates: dict[str, list[tuple[float, float]]] = {d: [] for d in DESIGNS}
+            for run in range(args.runs):
+                order = list(DESIGNS) if run % 2 == 0 else list(DESIGNS)[::-1]
+                for design in order:
+                    tag = f"{design[:3]}-{clients}-{int(contended)}-{run}-{time.time_ns()}"
+                    rates[design].append(run_once(dsn, design, clients, contended, args.seconds, tag))
+                    print(
+                        f"clients={clients} contended={contended} run={run + 1} {design}: "
+                        f"{rates[design][-1][0]:,.0f} cycles/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            kit = statistics.median(c for c, _ in rates["pglockkit"])
+            bare = statistics.median(c for c, _ in rates["bare upsert"])
+            rows.append(
+                {
+                    "clients": clients,
+                    "shape": "one name" if contended else "a name each",
+                    "pglockkit_cycles_s": kit,
+                    "baseline_cycles_s": bare,
+                    "ratio": kit / bare,
+                    "pglockkit_runs": rates["pglockkit"],
+                    "baseline_runs": rates["bare upsert"],
+                }
+            )
+
+    env = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "-m", "bench.lease_throughput", *argv]),
+        "target": target_name,
+        "server_version": version,
+        "platform": platform.platform(),
+        "nproc": _nproc(),
+        "seconds": args.seconds,
+        "runs": args.runs,
+    }
+    print("# pglockkit lease throughput\n")
+    for key in ("date", "command", "server_version", "platform", "nproc"):
+        print(f"- {key}: {env[key]}")
+    print("\nacquire + release cycles per second (median of runs; each call one autocommit statement)\n")
+    print("| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio |")
+    print("|--:|---|--:|--:|--:|")
+    for r in rows:
+        print(
+            f"| {r['clients']} | {r['shape']} | {r['pglockkit_cycles_s']:,.0f} "
+            f"| {r['baseline_cycles_s']:,.0f} | {r['ratio']:.2f} |"
+        )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+-- pglockkit 0003: singleton runs, for cron pods and periodic ticks.
+--
+-- start_run(job, slot, holder) lets exactly one caller run a job's slot (a date, an hour, a
+-- tick number). Two mechanisms, as seed 004 recommends: a session try-lock keeps the herd from
+-- piling in (the losers return NULL at once), and the unique (job, slot) row is the correctness
+-- backstop (a slot that has run never runs again, whatever the locks did).
+--
+-- Policy for a holder that dies: the starter's session keeps the run's advisory key locked until
+-- finish_run. A run still 'running' whose key is free lost its holder; run_history shows it as
+-- 'abandoned', and the next start_run for that slot takes it over (attempt + 1). Failed runs are
+-- finished: they are not re-run.
+
+CREATE TABLE pglockkit.runs (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job         text        NOT NULL CHECK (job OPERATOR(pg_catalog.<>) ''),
+    slot        text        NOT NULL CHECK (slot OPERATOR(pg_catalog.<>) ''),
+    holder      text        NOT NULL,
+    status      text        NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+    attempt     integer     NOT NULL DEFAULT 1,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    detail      text,
+    holder_pid  integer,
+    CONSTRAINT runs_job_slot_key UNIQUE (job, slot)
+);
+COMMENT ON TABLE pglockkit.runs IS
+    'One row per (job, slot) that started. Write it through start_run / finish_run; read pglockkit.run_history.';
+
+CREATE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
+        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::text OPERATOR(pg_catalog.||) ':'
+               OPERATOR(pg_catalog.||) job OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) slot)
+$$;
+COMMENT ON FUNCTION pglockkit._run_key(text, text) IS
+    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined; fully qualified.';
+
+CREATE FUNCTION pglockkit._holds_advisory(key bigint) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_locks k
+         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+           AND k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
+           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+$$;
+COMMENT ON FUNCTION pglockkit._holds_advisory(bigint) IS
+    'Private: whether this session holds the bigint advisory key (read from pg_locks; not for hot paths).';
+
+CREATE FUNCTION pglockkit._key_is_held(key bigint) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_locks k
+         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
+           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+$$;
+COMMENT ON FUNCTION pglockkit._key_is_held(bigint) IS
+    'Private: whether any session in this database holds the bigint advisory key (from pg_locks).';
+
+CREATE FUNCTION pglockkit.start_run(job text, slot text, holder text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key bigint;
+    v_id  bigint;
+BEGIN
+    IF start_run.job IS NULL OR start_run.slot IS NULL OR start_run.holder IS NULL THEN
+        RAISE EXCEPTION 'job, slot and holder must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF start_run.job OPERATOR(pg_catalog.=) '' OR start_run.slot OPERATOR(pg_catalog.=) '' OR start_run.holder OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'job, slot and holder must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_key := pglockkit._run_key(start_run.job, start_run.slot);
+    -- Herd guard: while a live session starts or runs this slot, everyone else returns at once.
+    IF NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
+        RETURN NULL;
+    END IF;
+    -- Backstop: one row per (job, slot). We hold the key, so a row still 'running' lost its holder.
+    INSERT INTO pglockkit.runs AS r (job, slot, holder, status, started_at, holder_pid)
+    VALUES (start_run.job, start_run.slot, start_run.holder, 'running', pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())
+    ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
+       SET holder = excluded.holder, status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1,
+           started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
+     WHERE r.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING r.id INTO v_id;
+    IF v_id IS NULL THEN
+        PERFORM pg_catalog.pg_advisory_unlock(v_key);  -- the slot already ran
+    END IF;
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.start_run(text, text, text) IS
+    'Starts the run of job for slot (e.g. a date) and returns its id, or NULL if that slot already ran or another live session is running it. The calling session keeps a lock on the slot until finish_run or its end: call it on a direct connection, not through a transaction-mode pooler. A run whose session ended before finish_run is re-run by the next start_run (attempt + 1).';
+
+CREATE FUNCTION pglockkit.finish_run(run_id bigint, ok boolean, detail text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job  text;
+    v_slot text;
+BEGIN
+    IF run_id IS NULL OR ok IS NULL THEN
+        RAISE EXCEPTION 'run_id and ok must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE pglockkit.runs r
+       SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
+           finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
+     WHERE r.id OPERATOR(pg_catalog.=) run_id AND r.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING r.job, r.slot INTO v_job, v_slot;
+    IF NOT FOUND THEN
+        IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id OPERATOR(pg_catalog.=) run_id) THEN
+            RAISE EXCEPTION 'no run with id %', run_id USING ERRCODE = 'undefined_object';
+        END IF;
+        RETURN false;  -- already finished
+    END IF;
+    IF pglockkit._holds_advisory(pglockkit._run_key(v_job, v_slot)) THEN
+        PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id.';
+
+CREATE VIEW pglockkit.run_history AS
+SELECT r.id, r.job, r.slot, r.holder,
+       CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                 AND NOT pglockkit._key_is_held(pglockkit._run_key(r.job, r.slot))
+            THEN 'abandoned' ELSE r.status END AS status,
+       r.attempt, r.started_at, r.finished_at,
+       coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,
+       r.detail, r.holder_pid
+  FROM pglockkit.runs r;
+COMMENT ON VIEW pglockkit.run_history IS
+    'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';
+
+DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;

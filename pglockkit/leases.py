@@ -1,0 +1,168 @@
+"""Leases with fencing tokens: a ``Lease`` that renews itself, and the SQL calls it wraps.
+
+A lease outlives connections (unlike a session lock): it is a row with an expiry on the server's
+clock. Its token grows at every acquisition, so a writer that lost the lease without noticing is
+stopped by ``check_fence`` in its own transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+
+from pglockkit.connection import connect
+from pglockkit.errors import translated
+
+log = logging.getLogger("pglockkit.leases")
+
+
+def default_holder() -> str:
+    """``host:pid``: what lease_status and run_history show as the holder."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _ttl(ttl: float | timedelta) -> timedelta:
+    return ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+
+
+def acquire_lease(
+    conn: psycopg.Connection, name: str, holder: str, ttl: float | timedelta, bind_session: bool = False
+) -> int | None:
+    """The new fencing token, or None while another holder's lease is live."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.acquire_lease(%s, %s, %s, %s)", (name, holder, _ttl(ttl), bind_session)
+        ).fetchone()[0]
+
+
+def renew_lease(conn: psycopg.Connection, name: str, holder: str, token: int, ttl: float | timedelta) -> bool:
+    """True if the lease was still ours and now lasts ``ttl`` from now."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.renew_lease(%s, %s, %s, %s)", (name, holder, token, _ttl(ttl))
+        ).fetchone()[0]
+
+
+def release_lease(conn: psycopg.Connection, name: str, holder: str, token: int) -> bool:
+    """True if the lease was ours and is now free."""
+    with translated():
+        return conn.execute("SELECT pglockkit.release_lease(%s, %s, %s)", (name, holder, token)).fetchone()[0]
+
+
+def check_fence(conn: psycopg.Connection, name: str, token: int) -> None:
+    """Inside the writer's transaction, before it writes: raises ``StaleToken`` unless ``token``
+    is the live lease's, and holds the lease until the transaction ends."""
+    with translated():
+        conn.execute("SELECT pglockkit.check_fence(%s, %s)", (name, token))
+
+
+class Lease:
+    """Acquire a lease, keep it renewed in the background, release it on exit.
+
+    >>> with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
+    ...     if not lease.acquired:
+    ...         return                           # someone else holds it
+    ...     for chunk in work():
+    ...         if lease.lost.is_set():
+    ...             break                        # stop writing: the lease is gone
+    ...         with conn.transaction():
+    ...             lease.check_fence(conn)      # rejects a stale writer in SQL
+    ...             write(conn, chunk)
+
+    Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal sets
+    ``lost`` (a ``threading.Event``), records ``lost_reason`` and calls ``on_lost(lease)``.
+    ``bind_session=True`` also frees the lease as soon as this process's connection dies.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        name: str,
+        ttl: float | timedelta = 30.0,
+        *,
+        holder: str | None = None,
+        bind_session: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[Lease], None] | None = None,
+    ):
+        self.dsn = dsn
+        self.name = name
+        self.ttl = _ttl(ttl)
+        self.holder = holder or default_holder()
+        self.bind_session = bind_session
+        self.renew_every = renew_every if renew_every is not None else self.ttl.total_seconds() / 3
+        self.on_lost = on_lost
+        self.token: int | None = None
+        self.lost = threading.Event()
+        self.lost_reason: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection | None = None
+
+    @property
+    def acquired(self) -> bool:
+        return self.token is not None
+
+    def __enter__(self) -> Lease:
+        self._conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit lease {self.name}")
+        try:
+            self.token = acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
+        except BaseException:
+            self._conn.close()
+            raise
+        log.info(
+            "lease %s name=%s holder=%s token=%s",
+            "acquired" if self.acquired else "busy",
+            self.name,
+            self.holder,
+            self.token,
+        )
+        if self.acquired:
+            self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def check_fence(self, conn: psycopg.Connection) -> None:
+        """``check_fence(name, token)`` in ``conn``'s current transaction."""
+        if self.token is None:
+            raise RuntimeError(f"lease {self.name!r} was not acquired")
+        check_fence(conn, self.name, self.token)
+
+    def _lose(self, reason: str) -> None:
+        self.lost_reason = reason
+        self.lost.set()
+        log.warning(
+            "lease lost name=%s holder=%s token=%s reason=%s", self.name, self.holder, self.token, reason
+        )
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.renew_every):
+            try:
+                ok = renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
+            except psycopg.Error as exc:
+                self._lose(f"renewal failed: {exc.__class__.__name__}: {str(exc).strip()}")
+                return
+            if not ok:
+                self._lose("renewal refused: the lease expired or changed hands")
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            if self.acquired and not self.lost.is_set():
+                release_lease(self._conn, self.name, self.holder, self.token)
+                log.info("lease released name=%s holder=%s token=%s", self.name, self.holder, self.token)
+        except psycopg.OperationalError:
+            pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
+        finally:
+            self._conn.close()

@@ -1,0 +1,257 @@
+"""Leases with fencing tokens, against real servers: exclusion over time, expiry by the server
+clock, fencing of a stale writer, session-bound leases, the self-renewing Python Lease."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+import pglockkit
+from pglockkit import Lease, acquire_lease, check_fence, release_lease, renew_lease
+
+
+def _leases(conn):
+    return conn.execute("SELECT * FROM pglockkit.leases ORDER BY name").fetchall()
+
+
+def test_acquire_renew_release_and_tokens(db):
+    with db.connect() as a, db.connect() as b:
+        assert acquire_lease(a, "refresh", "a", 10) == 1
+        assert acquire_lease(b, "refresh", "b", 10) is None
+        before = a.execute("SELECT expires_at FROM pglockkit.leases WHERE name = 'refresh'").fetchone()[0]
+        time.sleep(0.01)
+        assert acquire_lease(a, "refresh", "a", 10) == 1  # the holder again: a renewal, same token
+        after = a.execute("SELECT expires_at FROM pglockkit.leases WHERE name = 'refresh'").fetchone()[0]
+        assert after > before
+        assert renew_lease(a, "refresh", "a", 1, 10)
+        assert not renew_lease(b, "refresh", "b", 1, 10)  # not the holder
+        assert not renew_lease(a, "refresh", "a", 2, 10)  # not the token
+        assert not release_lease(b, "refresh", "b", 1)
+        assert not release_lease(a, "refresh", "a", 7)
+        assert release_lease(a, "refresh", "a", 1)
+        assert not release_lease(a, "refresh", "a", 1)  # already released
+        assert acquire_lease(b, "refresh", "b", 10) == 2
+
+
+def test_tokens_strictly_increase_across_releases_and_expiries(db):
+    tokens = []
+    with db.connect() as conn:
+        for i in range(10):
+            holder = f"h{i % 3}"
+            token = acquire_lease(conn, "counter", holder, 0.05 if i % 2 else 10)
+            tokens.append(token)
+            if i % 2:
+                time.sleep(0.06)  # let it expire
+            else:
+                assert release_lease(conn, "counter", holder, token)
+    assert tokens == list(range(1, 11))
+
+
+def test_expiry_by_server_clock_fences_the_old_writer(db):
+    db.conn.execute("CREATE TABLE ledger (writer text, token bigint)")
+    with db.connect() as old, db.connect() as new:
+        t1 = acquire_lease(old, "ledger", "old", timedelta(milliseconds=300))
+        assert acquire_lease(new, "ledger", "new", 10) is None
+        time.sleep(0.35)  # old stops renewing (a GC pause, a partition...)
+        t2 = acquire_lease(new, "ledger", "new", 10)
+        assert t2 == t1 + 1
+        # The old writer wakes up and tries to write with its token: rejected in SQL.
+        with pytest.raises(pglockkit.StaleToken, match="is stale") as err:
+            with old.transaction():
+                check_fence(old, "ledger", t1)
+                old.execute("INSERT INTO ledger VALUES ('old', %s)", (t1,))
+        assert err.value.sqlstate == "PK001"
+        assert not renew_lease(old, "ledger", "old", t1, 10)
+        assert not release_lease(old, "ledger", "old", t1)
+        with new.transaction():
+            check_fence(new, "ledger", t2)
+            new.execute("INSERT INTO ledger VALUES ('new', %s)", (t2,))
+    assert db.conn.execute("SELECT * FROM ledger").fetchall() == [("new", t2)]
+
+
+def test_fence_rejects_expired_and_released_leases(db):
+    with db.connect() as conn:
+        t = acquire_lease(conn, "x", "me", timedelta(milliseconds=100))
+        time.sleep(0.15)
+        with pytest.raises(pglockkit.StaleToken, match="expired"), conn.transaction():
+            check_fence(conn, "x", t)
+        t = acquire_lease(conn, "x", "me", 10)
+        release_lease(conn, "x", "me", t)
+        with pytest.raises(pglockkit.StaleToken, match="released"), conn.transaction():
+            check_fence(conn, "x", t)
+        with pytest.raises(pglockkit.StaleToken, match="no lease"), conn.transaction():
+            check_fence(conn, "never", 1)
+
+
+def test_check_fence_holds_the_lease_until_the_writer_commits(db):
+    with db.connect() as writer, db.connect() as rival:
+        t = acquire_lease(writer, "slow", "writer", timedelta(milliseconds=200))
+        writer.execute("BEGIN")
+        check_fence(writer, "slow", t)
+        got = {}
+
+        def take_over():
+            started = time.monotonic()
+            got["token"] = acquire_lease(rival, "slow", "rival", 10)
+            got["waited"] = time.monotonic() - started
+
+        thread = threading.Thread(target=take_over)
+        time.sleep(0.3)  # the lease has expired by the clock, but the writer's transaction is open
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive(), "the lease changed hands while a fenced writer was still writing"
+        writer.execute("COMMIT")
+        thread.join(5)
+        assert got["token"] == t + 1 and got["waited"] >= 0.25
+
+
+def test_session_bound_lease_is_freed_when_its_backend_dies(db):
+    with db.connect() as holder, db.connect() as rival:
+        t = acquire_lease(holder, "bound", "holder", 60, bind_session=True)
+        assert acquire_lease(rival, "bound", "rival", 60) is None
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+        deadline = time.monotonic() + 2
+        while (token := acquire_lease(rival, "bound", "rival", 60)) is None:
+            assert time.monotonic() < deadline, "session-bound lease still held 2 s after its backend died"
+            time.sleep(0.01)
+        assert token == t + 1
+
+
+def test_ttl_only_lease_survives_its_backend(db):
+    with db.connect() as holder, db.connect() as rival:
+        acquire_lease(holder, "durable", "holder", 60)
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+        time.sleep(0.2)
+        assert acquire_lease(rival, "durable", "rival", 60) is None
+        status = rival.execute(
+            "SELECT holder, live FROM pglockkit.lease_status WHERE name = 'durable'"
+        ).fetchone()
+        assert status == ("holder", True)
+
+
+def test_sixteen_contenders_never_overlap(db):
+    """Mutual exclusion over time: holders' recorded intervals never overlap (checked in SQL)."""
+    db.conn.execute("CREATE TABLE intervals (token bigint, holder text, s timestamptz, e timestamptz)")
+    stop_at = time.monotonic() + 3
+    errors = []
+
+    def contender(i):
+        rng = random.Random(i)
+        holder = f"c{i}"
+        try:
+            with db.connect() as conn:
+                while time.monotonic() < stop_at:
+                    token = acquire_lease(conn, "exclusive", holder, 5)
+                    if token is None:
+                        time.sleep(rng.uniform(0, 0.003))
+                        continue
+                    with conn.transaction():
+                        check_fence(conn, "exclusive", token)
+                        conn.execute(
+                            "INSERT INTO intervals VALUES (%s, %s, clock_timestamp(), NULL)", (token, holder)
+                        )
+                    time.sleep(rng.uniform(0, 0.005))
+                    with conn.transaction():
+                        check_fence(conn, "exclusive", token)
+                        conn.execute("UPDATE intervals SET e = clock_timestamp() WHERE token = %s", (token,))
+                    assert release_lease(conn, "exclusive", holder, token)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    n, open_, holders = db.conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE e IS NULL), count(DISTINCT holder) FROM intervals"
+    ).fetchone()
+    assert n >= 50 and open_ == 0 and holders >= 8
+    overlaps = db.conn.execute(
+        """SELECT count(*) FROM intervals a JOIN intervals b
+             ON a.token < b.token AND tstzrange(a.s, a.e) && tstzrange(b.s, b.e)"""
+    ).fetchone()[0]
+    assert overlaps == 0
+    # Tokens were handed out in time order: 1, 2, 3, ... without gaps.
+    tokens = [r[0] for r in db.conn.execute("SELECT token FROM intervals ORDER BY s")]
+    assert tokens == list(range(1, n + 1))
+
+
+@pytest.mark.parametrize(
+    ("call", "params", "sqlstate"),
+    [
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", (None, "h", timedelta(seconds=1)), "22004"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", None, timedelta(seconds=1)), "22004"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", "h", None), "22004"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("", "h", timedelta(seconds=1)), "22023"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", "", timedelta(seconds=1)), "22023"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", "h", timedelta(0)), "22023"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", "h", timedelta(seconds=-1)), "22023"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s)", ("x", "h", timedelta(days=800)), "22003"),
+        ("SELECT pglockkit.acquire_lease(%s, %s, %s, NULL)", ("x", "h", timedelta(seconds=1)), "22004"),
+        ("SELECT pglockkit.renew_lease(%s, %s, %s, %s)", ("held", "h", None, timedelta(seconds=1)), "22004"),
+        ("SELECT pglockkit.renew_lease(%s, %s, %s, %s)", ("held", "h", 1, timedelta(0)), "22023"),
+        ("SELECT pglockkit.release_lease(%s, %s, %s)", ("held", "h", None), "22004"),
+        ("SELECT pglockkit.release_lease(%s, %s, %s)", ("", "h", 1), "22023"),
+        ("SELECT pglockkit.check_fence(%s, %s)", ("held", None), "22004"),
+        ("SELECT pglockkit.check_fence(%s, %s)", ("held", 99), "PK001"),
+    ],
+)
+def test_bad_input_is_rejected_and_changes_nothing(db, call, params, sqlstate):
+    db.conn.execute("SELECT pglockkit.acquire_lease('held', 'h', '1 hour')")
+    before = _leases(db.conn)
+    with pytest.raises(psycopg.Error) as err:
+        with db.conn.transaction():
+            db.conn.execute(call, params)
+    assert err.value.sqlstate == sqlstate
+    assert _leases(db.conn) == before
+
+
+def test_python_lease_renews_in_the_background(db):
+    with Lease(db.dsn, "renewed", ttl=0.6, holder="me") as lease:
+        assert lease.acquired and lease.token == 1
+        with db.connect() as rival:
+            for _ in range(3):
+                time.sleep(0.5)  # well past the ttl in total: only renewals keep it
+                assert acquire_lease(rival, "renewed", "rival", 10) is None
+        assert not lease.lost.is_set()
+        with db.connect() as conn, conn.transaction():
+            lease.check_fence(conn)
+    with db.connect() as rival:
+        assert acquire_lease(rival, "renewed", "rival", 10) == 2  # released on exit
+
+
+def test_python_lease_signals_loss_when_renewal_fails(db):
+    lost = []
+    with Lease(db.dsn, "fragile", ttl=0.6, holder="me", on_lost=lost.append) as lease:
+        pid = db.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pglockkit lease fragile'"
+        ).fetchone()[0]
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert lease.lost.wait(2), "loss was not signalled"
+        assert lost == [lease] and "renewal failed" in lease.lost_reason
+
+
+def test_python_lease_signals_loss_when_taken_over(db):
+    with Lease(db.dsn, "stolen", ttl=0.3, holder="me", renew_every=0.5) as lease:
+        # Renewing less often than the ttl (a misconfiguration, or a stalled process): another
+        # holder takes the expired lease, and the next renewal reports the loss.
+        time.sleep(0.35)
+        with db.connect() as rival:
+            assert acquire_lease(rival, "stolen", "rival", 10) == 2
+        assert lease.lost.wait(2)
+        assert "changed hands" in lease.lost_reason
+        with pytest.raises(pglockkit.StaleToken), db.connect() as conn, conn.transaction():
+            lease.check_fence(conn)
+
+
+def test_python_lease_busy(db):
+    with Lease(db.dsn, "busy", ttl=5, holder="first") as first:
+        with Lease(db.dsn, "busy", ttl=5, holder="second") as second:
+            assert first.acquired and not second.acquired and second.token is None

@@ -1,0 +1,180 @@
+"""Singleton runs and ``pglockkit once``: one run per job and slot across processes, with the
+policy for a holder that dies (its run is re-run by the next start)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+import pglockkit
+from pglockkit import finish_run, start_run
+
+
+def _history(conn, job):
+    return conn.execute(
+        "SELECT slot, status, attempt FROM pglockkit.run_history WHERE job = %s ORDER BY id", (job,)
+    ).fetchall()
+
+
+def test_one_run_per_slot(db):
+    with db.connect() as a, db.connect() as b:
+        run = start_run(a, "nightly", "2026-11-30", "pod-a")
+        assert run is not None
+        assert start_run(b, "nightly", "2026-11-30", "pod-b") is None  # running elsewhere
+        assert finish_run(a, run, True, "42 rows")
+        assert not finish_run(a, run, True)  # already finished
+        assert start_run(b, "nightly", "2026-11-30", "pod-b") is None  # already ran
+        assert start_run(b, "nightly", "2026-12-01", "pod-b") is not None  # the next slot
+    row = db.conn.execute(
+        "SELECT status, holder, detail, duration >= '0'::interval FROM pglockkit.run_history WHERE id = %s",
+        (run,),
+    ).fetchone()
+    assert row == ("succeeded", "pod-a", "42 rows", True)
+
+
+def test_failed_run_is_recorded_and_not_rerun(db):
+    with db.connect() as conn:
+        run = start_run(conn, "report", "s1", "pod")
+        assert finish_run(conn, run, False, "exit 3")
+        assert start_run(conn, "report", "s1", "pod") is None
+    assert _history(db.conn, "report") == [("s1", "failed", 1)]
+
+
+def test_holder_that_dies_is_abandoned_and_rerun(db):
+    holder = db.connect()
+    run = start_run(holder, "nightly", "s", "pod-a")
+    assert _history(db.conn, "nightly") == [("s", "running", 1)]
+    db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+    deadline = time.monotonic() + 2
+    while _history(db.conn, "nightly") != [("s", "abandoned", 1)]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with db.connect() as b:
+        assert start_run(b, "nightly", "s", "pod-b") == run  # taken over
+        assert _history(db.conn, "nightly") == [("s", "running", 2)]
+        assert finish_run(b, run, True)
+    holder.close()
+
+
+def test_finish_unknown_run(db):
+    with pytest.raises(psycopg.errors.UndefinedObject, match="no run with id 999"):
+        db.conn.execute("SELECT pglockkit.finish_run(999, true)")
+
+
+@pytest.mark.parametrize(
+    ("call", "sqlstate"),
+    [
+        ("SELECT pglockkit.start_run(NULL, 's', 'h')", "22004"),
+        ("SELECT pglockkit.start_run('j', NULL, 'h')", "22004"),
+        ("SELECT pglockkit.start_run('j', 's', NULL)", "22004"),
+        ("SELECT pglockkit.start_run('', 's', 'h')", "22023"),
+        ("SELECT pglockkit.start_run('j', '', 'h')", "22023"),
+        ("SELECT pglockkit.start_run('j', 's', '')", "22023"),
+        ("SELECT pglockkit.finish_run(NULL, true)", "22004"),
+        ("SELECT pglockkit.finish_run(1, NULL)", "22004"),
+    ],
+)
+def test_bad_input(db, call, sqlstate):
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(call)
+    assert err.value.sqlstate == sqlstate
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.runs").fetchone()[0] == 0
+
+
+def _once(dsn, *args, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "pglockkit.cli", "once", "--dsn", dsn, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_six_cron_pods_at_once_run_the_command_exactly_once(db, tmp_path):
+    out = tmp_path / "ran.txt"
+    command = [
+        "--",
+        sys.executable,
+        "-c",
+        f"open({str(out)!r}, 'a').write('ran\\n'); import time; time.sleep(0.5)",
+    ]
+    for _round in range(2):
+        pods = [_once(db.dsn, "nightly", "--slot", "2026-11-30", *command) for _ in range(6)]
+        results = [p.communicate(timeout=60) for p in pods]
+        assert [p.returncode for p in pods] == [0] * 6, "\n".join(err for _, err in results)
+        assert out.read_text() == "ran\n"  # once in the first round, never in the second
+    assert _history(db.conn, "nightly") == [("2026-11-30", "succeeded", 1)]
+
+
+def test_once_propagates_the_exit_status_and_records_failure(db):
+    proc = _once(db.dsn, "flaky", "--", sys.executable, "-c", "raise SystemExit(3)")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    today = pglockkit.runs.today_utc()
+    assert _history(db.conn, "flaky") == [(today, "failed", 1)]
+    detail = db.conn.execute("SELECT detail FROM pglockkit.run_history WHERE job = 'flaky'").fetchone()[0]
+    assert "exit status 3" in detail
+
+
+def test_killed_once_is_rerun_by_the_next_pod(db, tmp_path):
+    proc = _once(db.dsn, "nightly", "--slot", "s1", "--", "sleep", "30", start_new_session=True)
+    deadline = time.monotonic() + 20
+    while _history(db.conn, "nightly") != [("s1", "running", 1)]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the pod dies: the wrapper and its command
+    proc.wait()
+    out = tmp_path / "rerun"
+    rerun = _once(db.dsn, "nightly", "--slot", "s1", "--", "touch", str(out))
+    rerun.communicate(timeout=60)
+    assert rerun.returncode == 0 and out.exists()
+    assert _history(db.conn, "nightly") == [("s1", "succeeded", 2)]
+
+
+def test_once_without_command_is_a_usage_error(db):
+    proc = _once(db.dsn, "nightly")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--" in err
+
+
+def test_singleton_decorator(db):
+    calls = []
+    barrier = threading.Barrier(2)
+
+    @pglockkit.singleton(db.dsn, "tick", slot="t1")
+    def tick(name):
+        calls.append(name)
+        time.sleep(0.3)
+        return name
+
+    results = []
+    threads = [threading.Thread(target=lambda n=n: (barrier.wait(), results.append(tick(n)))) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(results, key=str) == sorted([calls[0], None], key=str)
+
+    @pglockkit.singleton(db.dsn, "boom", slot="t1")
+    def boom():
+        raise ValueError("bad data")
+
+    with pytest.raises(ValueError):
+        boom()
+    assert boom() is None  # the slot had its (failed) run
+    assert _history(db.conn, "boom") == [("t1", "failed", 1)]
+
+
+def test_once_with_a_missing_command_exits_127_and_records_failure(db):
+    proc = _once(db.dsn, "typo", "--slot", "s", "--", "no-such-command-xyz")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 127 and "cannot run 'no-such-command-xyz'" in err
+    assert _history(db.conn, "typo") == [("s", "failed", 1)]
