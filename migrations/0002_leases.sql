@@ -27,6 +27,23 @@ AS $$ SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'lease:' OP
 COMMENT ON FUNCTION pglockkit._lease_session_key(text) IS
     'Private: the advisory key (namespace pglockkit, resource lease:<name>) that a session-bound lease''s holder keeps locked. Inlined; fully qualified.';
 
+CREATE FUNCTION pglockkit._advisory_held(key bigint, by_this_session boolean) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_locks k
+         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
+           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+$$;
+COMMENT ON FUNCTION pglockkit._advisory_held(bigint, boolean) IS
+    'Private: whether the bigint advisory key is held in this database (by this session only, if by_this_session). Reads pg_locks: not for hot paths.';
+
 CREATE FUNCTION pglockkit._check_lease_args(name text, holder text, ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -165,12 +182,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF v_bound AND EXISTS (
-        SELECT FROM pg_catalog.pg_locks k
-         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-           AND k.objsubid OPERATOR(pg_catalog.=) 1 AND k.granted
-           AND k.classid OPERATOR(pg_catalog.=) (pglockkit._lease_session_key(release_lease.name) OPERATOR(pg_catalog.>>) 32)::oid
-           AND k.objid OPERATOR(pg_catalog.=) (pglockkit._lease_session_key(release_lease.name) OPERATOR(pg_catalog.&) 4294967295)::oid)
+    IF v_bound AND pglockkit._advisory_held(pglockkit._lease_session_key(release_lease.name), true)
     THEN
         PERFORM pg_catalog.pg_advisory_unlock(pglockkit._lease_session_key(release_lease.name));
     END IF;

@@ -36,37 +36,6 @@ $$;
 COMMENT ON FUNCTION pglockkit._run_key(text, text) IS
     'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined; fully qualified.';
 
-CREATE FUNCTION pglockkit._holds_advisory(key bigint) RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT EXISTS (
-        SELECT FROM pg_catalog.pg_locks k
-         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
-           AND k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-           AND k.objsubid OPERATOR(pg_catalog.=) 1
-           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
-$$;
-COMMENT ON FUNCTION pglockkit._holds_advisory(bigint) IS
-    'Private: whether this session holds the bigint advisory key (read from pg_locks; not for hot paths).';
-
-CREATE FUNCTION pglockkit._key_is_held(key bigint) RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT EXISTS (
-        SELECT FROM pg_catalog.pg_locks k
-         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
-           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-           AND k.objsubid OPERATOR(pg_catalog.=) 1
-           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
-$$;
-COMMENT ON FUNCTION pglockkit._key_is_held(bigint) IS
-    'Private: whether any session in this database holds the bigint advisory key (from pg_locks).';
-
 CREATE FUNCTION pglockkit.start_run(job text, slot text, holder text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -125,7 +94,7 @@ BEGIN
         END IF;
         RETURN false;  -- already finished
     END IF;
-    IF pglockkit._holds_advisory(pglockkit._run_key(v_job, v_slot)) THEN
+    IF pglockkit._advisory_held(pglockkit._run_key(v_job, v_slot), true) THEN
         PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
     END IF;
     RETURN true;
@@ -137,7 +106,7 @@ COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,
        CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
-                 AND NOT pglockkit._key_is_held(pglockkit._run_key(r.job, r.slot))
+                 AND NOT pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), false)
             THEN 'abandoned' ELSE r.status END AS status,
        r.attempt, r.started_at, r.finished_at,
        coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,

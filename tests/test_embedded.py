@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import psycopg
 
@@ -42,3 +43,27 @@ def test_up_installs_prints_dsn_and_down_stops(tmp_path):
     assert down.returncode == 0 and "stopped" in down.stdout
     after = run("status", "--embedded", data=data)
     assert after.returncode == 1 and "pglockkit up" in after.stderr
+
+
+def test_lease_tokens_keep_increasing_across_a_server_restart(tmp_path):
+    data = tmp_path / "pg"
+    up = run("up", data=data)
+    try:
+        assert up.returncode == 0, up.stderr
+        dsn = re.search(r"^DSN:\s+(\S+)$", up.stdout, re.M).group(1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            first = []
+            for _ in range(3):  # each lease expires before the next acquisition
+                first.append(
+                    conn.execute("SELECT pglockkit.acquire_lease('restart', 'h', '10 ms')").fetchone()[0]
+                )
+                time.sleep(0.02)
+        assert run("down", data=data).returncode == 0
+        again = run("up", data=data)
+        assert again.returncode == 0, again.stderr
+        dsn = re.search(r"^DSN:\s+(\S+)$", again.stdout, re.M).group(1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            after = conn.execute("SELECT pglockkit.acquire_lease('restart', 'h2', '1 min')").fetchone()[0]
+        assert first == [1, 2, 3] and after == 4
+    finally:
+        run("down", data=data)
