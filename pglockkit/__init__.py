@@ -29,6 +29,7 @@ from pglockkit.locks import (
     xact_lock,
     xact_lock_all,
 )
+from pglockkit.queue import Job, Worker
 from pglockkit.retry import backoff, retry
 from pglockkit.runs import finish_run, run_once, singleton, start_run
 
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Deadlock",
     "InvalidArgument",
+    "Job",
     "Lease",
     "LockNotHeld",
     "LockTimeout",
@@ -46,6 +48,7 @@ __all__ = [
     "SerializationFailure",
     "StaleToken",
     "UnknownNamespace",
+    "Worker",
     "acquire_lease",
     "backoff",
     "check_fence",

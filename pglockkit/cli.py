@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from pglockkit import embedded, locks, runs
+from pglockkit import embedded, locks, queue, runs
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import install, render_bundle, status, uninstall
@@ -232,6 +234,58 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"payload is not valid JSON: {exc}") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        job_id = queue.enqueue(
+            conn,
+            args.queue,
+            args.payload,
+            delay=args.delay,
+            priority=args.priority,
+            dedup_key=args.dedup_key,
+            max_attempts=args.max_attempts,
+        )
+    print(job_id)
+    return 0
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    sys.path.insert(0, os.getcwd())  # handlers in the current project, like python -m
+    handler = queue.load_handler(args.handler)
+    worker = queue.Worker(
+        _dsn(args),
+        args.queue,
+        handler,
+        name=args.name,
+        batch=args.batch,
+        lease=args.lease,
+        poll_interval=args.poll,
+    )
+    done = worker.run(max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle)
+    print(f"processed {done} job(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        _print_rows(
+            conn,
+            "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
+            "date_trunc('seconds', run_at) AS run_at, worker, left(payload::text, 40) AS payload, "
+            "left(last_error, 40) AS last_error FROM pglockkit.jobs "
+            "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",
+            (args.queue, args.status, args.status, args.limit),
+        )
+    return 0
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     text = render_bundle()
     target = Path(args.output)
@@ -315,6 +369,45 @@ def build_parser() -> argparse.ArgumentParser:
     add("leases", cmd_leases, "list leases: holder, token, expiry", parents=[conn_opts])
     p = add("runs", cmd_runs, "list singleton runs, newest first", parents=[conn_opts])
     p.add_argument("--job", help="only this job")
+    p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
+    p = add("enqueue", cmd_enqueue, "add a job to a queue; prints its id", parents=[conn_opts])
+    p.add_argument("queue")
+    p.add_argument("payload", nargs="?", type=_json, default={}, help="JSON (default: {})")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--delay", type=_duration, metavar="DURATION", help="run no earlier than this from now")
+    p.add_argument("--dedup-key", help="return the pending job with this key instead of adding another")
+    p.add_argument("--max-attempts", type=int, default=5, help="default: %(default)s")
+    p = add(
+        "work",
+        cmd_work,
+        "run a worker: claim jobs of a queue and run a handler on each",
+        parents=[conn_opts],
+        epilog="The handler is called as handler(job, conn) inside a transaction that also completes "
+        "the job; raising records a failed attempt. SIGTERM/SIGINT stop it gracefully.",
+    )
+    p.add_argument("--queue", required=True)
+    p.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
+    p.add_argument("--batch", type=int, default=1, help="jobs per claim (default 1)")
+    p.add_argument(
+        "--lease",
+        type=_duration,
+        default=timedelta(seconds=60),
+        metavar="DURATION",
+        help="claim lease, renewed by a heartbeat while the handler runs (default 60s)",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="poll interval when no NOTIFY arrives (default 1)",
+    )
+    p.add_argument("--name", help="worker name shown on its jobs (default host:pid)")
+    p.add_argument("--max-jobs", type=int, help="stop after this many jobs")
+    p.add_argument("--exit-when-idle", action="store_true", help="stop when the queue has no due job")
+    p = add("jobs", cmd_jobs, "list a queue's jobs, newest first", parents=[conn_opts])
+    p.add_argument("queue")
+    p.add_argument("--status", choices=["queued", "running", "done", "dead", "cancelled"])
     p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
     p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
     p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")

@@ -134,11 +134,22 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
     # The functions that write the kit's tables, and no others.
     assert definers == [
         "pglockkit.acquire_lease(text,text,interval,boolean)",
+        "pglockkit.cancel_job(bigint)",
         "pglockkit.check_fence(text,bigint)",
+        "pglockkit.claim_job(text,text,interval,integer)",
+        "pglockkit.complete_job(bigint,bigint)",
+        "pglockkit.complete_jobs(bigint[],bigint[])",
+        "pglockkit.enqueue_job(text,jsonb,timestamp with time zone,integer,text,integer)",
+        "pglockkit.enqueue_jobs(text,jsonb[],timestamp with time zone,integer,integer)",
+        "pglockkit.extend_job(bigint,bigint,interval)",
+        "pglockkit.fail_job(bigint,bigint,text,interval)",
         "pglockkit.finish_run(bigint,boolean,text)",
+        "pglockkit.prune_jobs(interval,text,boolean)",
         "pglockkit.register_namespace(text,integer,text,interval)",
+        "pglockkit.release_job(bigint,bigint)",
         "pglockkit.release_lease(text,text,bigint)",
         "pglockkit.renew_lease(text,text,bigint,interval)",
+        "pglockkit.retry_dead_jobs(text,bigint[])",
         "pglockkit.start_run(text,text,text)",
     ]
 

@@ -1,0 +1,326 @@
+"""The job queue from Python: one function per SQL call, and a ``Worker`` loop.
+
+The worker runs each handler inside a transaction on its own connection and completes the job in
+that same transaction: the handler's writes and the job's ``done`` commit together or not at all.
+A worker that lost its claim (lease expired, job reclaimed by another worker) gets ``false`` from
+``complete_job`` and rolls its writes back, so a job's effects are recorded exactly once even when
+workers die mid-job.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pglockkit.connection import connect
+from pglockkit.errors import translated
+from pglockkit.leases import default_holder
+
+log = logging.getLogger("pglockkit.queue")
+
+NOTIFY_CHANNEL = "pglockkit_jobs"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job. ``token`` is the fencing token of this claim."""
+
+    id: int
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    token: int
+    lease_expires_at: datetime
+
+
+def _seconds(value: float | timedelta) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def enqueue(
+    conn: psycopg.Connection,
+    queue: str,
+    payload: Any = None,
+    *,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    priority: int = 0,
+    dedup_key: str | None = None,
+    max_attempts: int = 5,
+) -> int:
+    """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one).
+
+    >>> enqueue(conn, "emails", {"to": "ana@example.com"}, priority=10)  # doctest: +SKIP
+    1
+    """
+    if run_at is not None and delay is not None:
+        raise ValueError("give run_at or delay, not both")
+    when = "now()" if run_at is None and delay is None else "%(run_at)s"
+    if delay is not None:
+        when = "clock_timestamp() + %(delay)s"
+    with translated():
+        return conn.execute(
+            f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s)",
+            {
+                "queue": queue,
+                "payload": Jsonb({} if payload is None else payload),
+                "run_at": run_at,
+                "delay": None if delay is None else _seconds(delay),
+                "priority": priority,
+                "dedup": dedup_key,
+                "max": max_attempts,
+            },
+        ).fetchone()[0]
+
+
+def enqueue_many(
+    conn: psycopg.Connection, queue: str, payloads: Sequence[Any], *, priority: int = 0, max_attempts: int = 5
+) -> list[int]:
+    """Add one job per payload in one statement; returns the ids in payload order."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s)",
+            (queue, [Jsonb(p) for p in payloads], priority, max_attempts),
+        ).fetchone()[0]
+
+
+def claim(
+    conn: psycopg.Connection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
+) -> list[Job]:
+    """Claim up to ``batch`` jobs; never waits on other claimers."""
+    with translated():
+        rows = conn.execute(
+            "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at "
+            "FROM pglockkit.claim_job(%s, %s, %s, %s)",
+            (queue, worker, _seconds(lease), batch),
+        ).fetchall()
+    return [Job(*row) for row in rows]
+
+
+def complete(conn: psycopg.Connection, job: Job) -> bool:
+    """Mark done; False if this claim is stale (the job was reclaimed or cancelled)."""
+    with translated():
+        return conn.execute("SELECT pglockkit.complete_job(%s, %s)", (job.id, job.token)).fetchone()[0]
+
+
+def complete_many(conn: psycopg.Connection, jobs: Sequence[Job]) -> int:
+    """Complete a batch in one statement; returns how many claims were current."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.complete_jobs(%s::bigint[], %s::bigint[])",
+            ([j.id for j in jobs], [j.token for j in jobs]),
+        ).fetchone()[0]
+
+
+def fail(conn: psycopg.Connection, job: Job, error: str, retry_in: float | timedelta | None = None) -> str:
+    """Record a failed attempt; returns 'queued' (will retry), 'dead' or 'stale'."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.fail_job(%s, %s, %s, %s)",
+            (job.id, job.token, error, None if retry_in is None else _seconds(retry_in)),
+        ).fetchone()[0]
+
+
+def extend(conn: psycopg.Connection, job: Job, lease: float | timedelta) -> bool:
+    """Heartbeat; False if the claim is stale."""
+    with translated():
+        return conn.execute(
+            "SELECT pglockkit.extend_job(%s, %s, %s)", (job.id, job.token, _seconds(lease))
+        ).fetchone()[0]
+
+
+def release(conn: psycopg.Connection, job: Job) -> bool:
+    """Give a claimed job back unstarted (its attempt does not count)."""
+    with translated():
+        return conn.execute("SELECT pglockkit.release_job(%s, %s)", (job.id, job.token)).fetchone()[0]
+
+
+def load_handler(spec: str) -> Callable[[Job, psycopg.Connection], Any]:
+    """``'package.module:function'`` to the function."""
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"handler must look like module:function, got {spec!r}")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+class _Heartbeat:
+    """Extends the leases of the jobs being worked on, every ``lease / 3``, on its own connection."""
+
+    def __init__(self, dsn: str, lease: timedelta, application_name: str):
+        self.lease = lease
+        self.jobs: list[Job] = []
+        self.lost: set[int] = set()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._conn = connect(dsn, autocommit=True, application_name=application_name)
+        self._thread = threading.Thread(target=self._run, name="pglockkit-heartbeat", daemon=True)
+        self._thread.start()
+
+    def watch(self, jobs: list[Job]) -> None:
+        with self._lock:
+            self.jobs = list(jobs)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.total_seconds() / 3):
+            with self._lock:
+                jobs = list(self.jobs)
+            for job in jobs:
+                try:
+                    if not extend(self._conn, job, self.lease):
+                        self.lost.add(job.id)
+                        log.warning(
+                            "lost claim of job %s (token %s): lease expired or job reclaimed",
+                            job.id,
+                            job.token,
+                        )
+                except psycopg.Error as exc:
+                    log.warning("heartbeat failed for job %s: %s", job.id, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+
+
+class Worker:
+    """Claim, run, heartbeat, complete or fail; wake on NOTIFY, poll as a fallback; stop gracefully.
+
+    ``handler(job, conn)`` runs inside a transaction on ``conn``; returning completes the job in
+    that same transaction, raising records a failed attempt (retried with backoff until
+    ``max_attempts``, then dead). SIGTERM/SIGINT (when ``run`` is called in the main thread)
+    finish the job in hand, give back the rest of the batch, and return.
+
+    >>> def send(job, conn):  # doctest: +SKIP
+    ...     conn.execute("INSERT INTO sent (job_id, email) VALUES (%s, %s)", (job.id, job.payload["to"]))
+    >>> Worker(dsn, "emails", send, batch=10).run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        queue: str,
+        handler: Callable[[Job, psycopg.Connection], Any],
+        *,
+        name: str | None = None,
+        batch: int = 1,
+        lease: float | timedelta = 60.0,
+        poll_interval: float = 1.0,
+    ):
+        self.dsn = dsn
+        self.queue = queue
+        self.handler = handler
+        self.name = name or default_holder()
+        self.batch = batch
+        self.lease = _seconds(lease)
+        self.poll_interval = poll_interval
+        self.processed = 0
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to finish the job in hand and return."""
+        self._stopping.set()
+
+    def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+        """Work until stopped (or ``max_jobs`` done, or the queue is empty with ``exit_when_idle``).
+        Returns the number of jobs processed."""
+        restore = self._install_signal_handlers()
+        app = f"pglockkit worker {self.queue}"
+        conn = connect(self.dsn, autocommit=True, application_name=app)
+        listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        heartbeat = _Heartbeat(self.dsn, self.lease, f"{app} heartbeat")
+        try:
+            while not self._stopping.is_set():
+                if max_jobs is not None and self.processed >= max_jobs:
+                    break
+                want = self.batch if max_jobs is None else min(self.batch, max_jobs - self.processed)
+                jobs = claim(conn, self.queue, self.name, lease=self.lease, batch=want)
+                if not jobs:
+                    if exit_when_idle:
+                        break
+                    self._wait(listener)
+                    continue
+                heartbeat.watch(jobs)
+                self._work(conn, jobs, heartbeat)
+                heartbeat.watch([])
+        finally:
+            heartbeat.close()
+            listener.close()
+            conn.close()
+            restore()
+        return self.processed
+
+    def _work(self, conn: psycopg.Connection, jobs: list[Job], heartbeat: _Heartbeat) -> None:
+        for i, job in enumerate(jobs):
+            if self._stopping.is_set():
+                for rest in jobs[i:]:
+                    release(conn, rest)
+                log.info("stopping: gave back %d unstarted job(s)", len(jobs) - i)
+                return
+            self._run_one(conn, job, heartbeat)
+
+    def _run_one(self, conn: psycopg.Connection, job: Job, heartbeat: _Heartbeat) -> None:
+        started = time.monotonic()
+        try:
+            with conn.transaction():
+                self.handler(job, conn)
+                if not complete(conn, job):
+                    raise _StaleClaim()
+        except _StaleClaim:
+            log.warning(
+                "job %s: claim %s is stale (reclaimed or cancelled); its writes were rolled back",
+                job.id,
+                job.token,
+            )
+            return
+        except Exception as exc:
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            status = fail(conn, job, error)
+            log.info(
+                "job %s failed (attempt %d/%d): %s -> %s",
+                job.id,
+                job.attempt,
+                job.max_attempts,
+                error,
+                status,
+            )
+            self.processed += 1
+            return
+        self.processed += 1
+        log.info(
+            "job %s done in %.1f ms (attempt %d)", job.id, (time.monotonic() - started) * 1000, job.attempt
+        )
+
+    def _wait(self, listener: psycopg.Connection) -> None:
+        # Any notification (for any queue) or the poll interval ends the wait; the claim decides.
+        for _ in listener.notifies(timeout=self.poll_interval, stop_after=1):
+            pass
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, lambda *_: self.stop())
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+
+class _StaleClaim(Exception):
+    pass

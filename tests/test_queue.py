@@ -1,0 +1,449 @@
+"""The job queue against real servers: semantics, stale tokens, interleavings written as explicit
+steps over several connections, and exactly-once completion while workers are SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+import pglockkit
+from pglockkit import queue as q
+
+HERE = Path(__file__).resolve().parent
+
+
+def _status(conn, job_id):
+    return conn.execute("SELECT status, attempt FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone()
+
+
+def _jobs(conn):
+    return conn.execute("SELECT * FROM pglockkit.jobs ORDER BY id").fetchall()
+
+
+def test_enqueue_claim_complete(db):
+    job_id = q.enqueue(db.conn, "emails", {"to": "ana@example.com"})
+    [job] = q.claim(db.conn, "emails", "w1", lease=30)
+    assert (job.id, job.payload, job.attempt, job.queue) == (job_id, {"to": "ana@example.com"}, 1, "emails")
+    assert job.token > 0
+    assert q.claim(db.conn, "emails", "w2") == []  # claimed: invisible to others
+    assert q.complete(db.conn, job)
+    assert not q.complete(db.conn, job)  # already done: nothing changes
+    assert _status(db.conn, job_id) == ("done", 1)
+
+
+def test_priority_then_run_at_then_fifo(db):
+    low = q.enqueue(db.conn, "q", {"n": "low"}, priority=-1)
+    a = q.enqueue(db.conn, "q", {"n": "a"})
+    b = q.enqueue(db.conn, "q", {"n": "b"})
+    high = q.enqueue(db.conn, "q", {"n": "high"}, priority=10)
+    order = [j.id for j in q.claim(db.conn, "q", "w", batch=10)]
+    assert order == [high, a, b, low]
+
+
+def test_future_run_at_is_invisible_until_due(db):
+    later = q.enqueue(db.conn, "q", delay=0.5)
+    assert q.claim(db.conn, "q", "w") == []
+    time.sleep(0.55)
+    assert [j.id for j in q.claim(db.conn, "q", "w")] == [later]
+
+
+def test_dedup_key_returns_the_pending_job(db):
+    first = q.enqueue(db.conn, "q", {"v": 1}, dedup_key="report:2026-11-30")
+    assert q.enqueue(db.conn, "q", {"v": 2}, dedup_key="report:2026-11-30") == first
+    assert q.enqueue(db.conn, "other", {"v": 2}, dedup_key="report:2026-11-30") != first  # per queue
+    [job] = q.claim(db.conn, "q", "w")
+    assert q.enqueue(db.conn, "q", {"v": 3}, dedup_key="report:2026-11-30") == first  # running: still pending
+    q.complete(db.conn, job)
+    assert q.enqueue(db.conn, "q", {"v": 4}, dedup_key="report:2026-11-30") != first  # finished: a new job
+
+
+def test_notify_on_enqueue(db):
+    with db.connect() as listener:
+        listener.execute("LISTEN pglockkit_jobs")
+        q.enqueue(db.conn, "emails")
+        notes = list(listener.notifies(timeout=2, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [("pglockkit_jobs", "emails")]
+
+
+def test_fail_retries_with_backoff_then_dead_then_retry_dead(db):
+    job_id = q.enqueue(db.conn, "q", max_attempts=3)
+    delays = []
+    for attempt in (1, 2, 3):
+        db.conn.execute("UPDATE pglockkit.jobs SET run_at = now() WHERE id = %s", (job_id,))  # skip the wait
+        [job] = q.claim(db.conn, "q", "w")
+        assert job.attempt == attempt
+        before = db.conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        status = q.fail(db.conn, job, f"boom {attempt}")
+        run_at = db.conn.execute("SELECT run_at FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone()[0]
+        delays.append((run_at - before).total_seconds())
+        assert status == ("queued" if attempt < 3 else "dead")
+    # Attempt n waits between 2^(n-1)/2 and 2^(n-1) seconds: exponential, with jitter.
+    assert 0.45 <= delays[0] <= 1.05 and 0.95 <= delays[1] <= 2.05
+    row = db.conn.execute(
+        "SELECT status, last_error, finished_at IS NOT NULL FROM pglockkit.jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert row == ("dead", "boom 3", True)
+    assert q.claim(db.conn, "q", "w") == []
+    assert db.conn.execute("SELECT pglockkit.retry_dead_jobs('q')").fetchone()[0] == 1
+    [job] = q.claim(db.conn, "q", "w")
+    assert job.id == job_id and job.attempt == 1
+
+
+def test_backoff_jitter_spreads_retries(db):
+    delays = db.conn.execute(
+        "SELECT extract(epoch FROM pglockkit._retry_delay(4)) FROM generate_series(1, 200)"
+    ).fetchall()
+    values = [float(d[0]) for d in delays]
+    assert all(4 <= v <= 8 for v in values) and max(values) - min(values) > 3
+    assert (
+        float(db.conn.execute("SELECT extract(epoch FROM pglockkit._retry_delay(30))").fetchone()[0]) <= 3600
+    )
+
+
+def test_explicit_retry_in(db):
+    job_id = q.enqueue(db.conn, "q")
+    [job] = q.claim(db.conn, "q", "w")
+    assert q.fail(db.conn, job, "later", retry_in=0) == "queued"
+    assert [j.id for j in q.claim(db.conn, "q", "w")] == [job_id]
+
+
+def test_stale_token_after_lease_expiry_changes_nothing(db):
+    job_id = q.enqueue(db.conn, "q")
+    [old] = q.claim(db.conn, "q", "slow-worker", lease=0.2)
+    time.sleep(0.25)
+    [new] = q.claim(db.conn, "q", "fast-worker", lease=30)  # reclaimed: a new attempt and token
+    assert (new.id, new.attempt) == (job_id, 2) and new.token != old.token
+    assert not q.complete(db.conn, old)
+    assert q.fail(db.conn, old, "late") == "stale"
+    assert not q.extend(db.conn, old, 30)
+    assert not q.release(db.conn, old)
+    assert _status(db.conn, job_id) == ("running", 2)
+    assert q.complete(db.conn, new)
+
+
+def test_lease_expiring_on_last_attempt_goes_dead(db):
+    job_id = q.enqueue(db.conn, "q", max_attempts=1)
+    q.claim(db.conn, "q", "w", lease=0.1)
+    time.sleep(0.15)
+    assert q.claim(db.conn, "q", "w") == []
+    row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row == ("dead", "lease expired")
+
+
+def test_extend_keeps_the_claim(db):
+    q.enqueue(db.conn, "q")
+    [job] = q.claim(db.conn, "q", "w", lease=0.3)
+    for _ in range(3):
+        time.sleep(0.2)
+        assert q.extend(db.conn, job, 0.3)
+    assert q.claim(db.conn, "q", "other") == []
+    assert q.complete(db.conn, job)
+
+
+def test_release_gives_the_job_back_without_counting_an_attempt(db):
+    job_id = q.enqueue(db.conn, "q")
+    [job] = q.claim(db.conn, "q", "w")
+    assert q.release(db.conn, job)
+    [again] = q.claim(db.conn, "q", "w")
+    assert again.id == job_id and again.attempt == 1
+
+
+def test_cancel(db):
+    queued = q.enqueue(db.conn, "q")
+    running = q.enqueue(db.conn, "q")
+    assert db.conn.execute("SELECT pglockkit.cancel_job(%s)", (queued,)).fetchone()[0]
+    [job] = q.claim(db.conn, "q", "w")
+    assert job.id == running
+    assert db.conn.execute("SELECT pglockkit.cancel_job(%s)", (running,)).fetchone()[0]
+    assert not q.complete(db.conn, job)  # the worker learns its job was cancelled
+    assert not db.conn.execute("SELECT pglockkit.cancel_job(%s)", (running,)).fetchone()[0]
+    assert [_status(db.conn, i)[0] for i in (queued, running)] == ["cancelled", "cancelled"]
+
+
+def test_prune_removes_only_old_finished_jobs(db):
+    done = q.enqueue(db.conn, "q")
+    q.complete(db.conn, q.claim(db.conn, "q", "w")[0])
+    dead = q.enqueue(db.conn, "q", max_attempts=1)
+    q.fail(db.conn, q.claim(db.conn, "q", "w")[0], "x")
+    pending = q.enqueue(db.conn, "q")
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('1 hour')").fetchone()[0] == 0  # too recent
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('0')").fetchone()[0] == 1
+    ids = [r[0] for r in db.conn.execute("SELECT id FROM pglockkit.jobs ORDER BY id")]
+    assert ids == [dead, pending] and done not in ids
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('0', include_dead => true)").fetchone()[0] == 1
+
+
+def test_batch_claim_and_complete_many(db):
+    ids = q.enqueue_many(db.conn, "q", [{"n": i} for i in range(25)])
+    assert len(ids) == 25 and ids == sorted(ids)
+    jobs = q.claim(db.conn, "q", "w", batch=10)
+    assert [j.id for j in jobs] == ids[:10]
+    stale = jobs[0].__class__(**{**jobs[0].__dict__, "token": -1})
+    assert q.complete_many(db.conn, [*jobs, stale]) == 10
+    stats = db.conn.execute(
+        "SELECT ready, running, done FROM pglockkit.queue_stats WHERE queue = 'q'"
+    ).fetchone()
+    assert stats == (15, 0, 10)
+
+
+@pytest.mark.parametrize(
+    ("call", "params", "sqlstate"),
+    [
+        ("SELECT pglockkit.enqueue_job(%s)", (None,), "22004"),
+        ("SELECT pglockkit.enqueue_job(%s)", ("",), "22023"),
+        ("SELECT pglockkit.enqueue_job('q', NULL)", (), "22004"),
+        ("SELECT pglockkit.enqueue_job('q', max_attempts => 0)", (), "22003"),
+        ("SELECT pglockkit.enqueue_job('q', run_at => NULL)", (), "22004"),
+        ("SELECT pglockkit.enqueue_jobs('q', ARRAY['{}'::jsonb, NULL])", (), "22004"),
+        ("SELECT * FROM pglockkit.claim_job(NULL, 'w')", (), "22004"),
+        ("SELECT * FROM pglockkit.claim_job('q', 'w', %s)", (timedelta(seconds=-1),), "22023"),
+        ("SELECT * FROM pglockkit.claim_job('q', 'w', %s)", (timedelta(0),), "22023"),
+        ("SELECT * FROM pglockkit.claim_job('q', 'w', '1 min', 0)", (), "22023"),
+        ("SELECT * FROM pglockkit.claim_job('q', 'w', '1 min', 100000)", (), "22023"),
+        ("SELECT * FROM pglockkit.claim_job('q', '', '1 min')", (), "22023"),
+        ("SELECT pglockkit.complete_job(987654, 1)", (), "42704"),
+        ("SELECT pglockkit.complete_job(NULL, 1)", (), "22004"),
+        ("SELECT pglockkit.fail_job(987654, 1, 'x')", (), "42704"),
+        ("SELECT pglockkit.fail_job(%s, 1, 'x', '-1 s')", "job", "22023"),
+        ("SELECT pglockkit.extend_job(%s, 1, '0 s')", "job", "22023"),
+        ("SELECT pglockkit.cancel_job(987654)", (), "42704"),
+        ("SELECT pglockkit.complete_jobs(ARRAY[1,2], ARRAY[1])", (), "22023"),
+        ("SELECT pglockkit.prune_jobs('-1 day')", (), "22023"),
+    ],
+)
+def test_bad_input_is_rejected_and_changes_nothing(db, call, params, sqlstate):
+    job_id = q.enqueue(db.conn, "q", {"keep": True})
+    if params == "job":
+        params = (job_id,)
+    before = _jobs(db.conn)
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(call, params)
+    assert err.value.sqlstate == sqlstate
+    assert _jobs(db.conn) == before
+
+
+# --- interleavings: explicit steps over several connections -----------------------------------
+
+
+def test_interleaving_claim_vs_claim_skips_instead_of_waiting(db):
+    a_id, b_id = q.enqueue(db.conn, "q"), q.enqueue(db.conn, "q")
+    with db.connect() as s1, db.connect() as s2:
+        s1.execute("BEGIN")  # 1. session 1 begins
+        [a] = q.claim(s1, "q", "w1")  # 2. session 1 claims (row locked, uncommitted)
+        s2.execute("BEGIN")  # 3. session 2 begins
+        started = time.monotonic()
+        [b] = q.claim(s2, "q", "w2")  # 4. session 2 claims: skips the locked row
+        assert time.monotonic() - started < 0.5
+        assert (a.id, b.id) == (a_id, b_id)
+        s1.execute("ROLLBACK")  # 5. session 1 rolls back: its job is queued again
+        s2.execute("COMMIT")
+        [again] = q.claim(db.conn, "q", "w3")
+        assert again.id == a_id and again.attempt == 1
+
+
+def test_interleaving_claim_vs_cancel(db):
+    job_id = q.enqueue(db.conn, "q")
+    with db.connect() as s1, db.connect() as s2:
+        s1.execute("BEGIN")
+        [job] = q.claim(s1, "q", "w1")  # 1. claimed, not committed
+        s2.execute("SET lock_timeout = '5s'")
+        done = {}
+        t = threading.Thread(
+            target=lambda: done.setdefault(
+                "cancelled", s2.execute("SELECT pglockkit.cancel_job(%s)", (job_id,)).fetchone()[0]
+            )
+        )
+        t.start()  # 2. cancel waits for the claim's row lock
+        time.sleep(0.2)
+        assert t.is_alive()
+        s1.execute("COMMIT")  # 3. the claim commits; the cancel proceeds
+        t.join(5)
+        assert done["cancelled"] is True
+        assert not q.complete(s1, job)  # 4. the worker's completion is refused
+        assert _status(db.conn, job_id)[0] == "cancelled"
+
+
+def test_interleaving_complete_vs_lease_expiry(db):
+    job_id = q.enqueue(db.conn, "q")
+    with db.connect() as w1, db.connect() as w2:
+        [old] = q.claim(w1, "q", "w1", lease=0.2)  # 1. worker 1 claims with a short lease
+        time.sleep(0.25)  # 2. it stalls past the lease
+        w2.execute("BEGIN")
+        [new] = q.claim(w2, "q", "w2", lease=30)  # 3. worker 2 reclaims (uncommitted)
+        w1.execute("SET lock_timeout = '5s'")
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault("old", q.complete(w1, old)))
+        t.start()  # 4. worker 1 completes: waits on the row
+        time.sleep(0.2)
+        w2.execute("COMMIT")  # 5. the reclaim commits
+        t.join(5)
+        assert result["old"] is False  # 6. the stale completion changed nothing
+        assert _status(db.conn, job_id) == ("running", 2)
+        assert q.complete(w2, new)
+
+
+def test_concurrent_claimers_never_share_a_job(db):
+    ids = q.enqueue_many(db.conn, "q", [{}] * 400)
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer():
+        with db.connect() as conn:
+            while jobs := q.claim(conn, "q", "w", batch=7):
+                with lock:
+                    claimed.extend(j.id for j in jobs)
+                q.complete_many(conn, jobs)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == ids
+
+
+# --- the Python worker ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def done_log(db):
+    db.conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
+    return db
+
+
+def test_worker_runs_handler_and_failure_records_error(done_log):
+    db = done_log
+    ok = q.enqueue_many(db.conn, "w", [{"n": i} for i in range(5)])
+    from queue_handlers import explode, record
+
+    assert pglockkit.Worker(db.dsn, "w", record, batch=2).run(exit_when_idle=True) == 5
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == ok
+    bad = q.enqueue(db.conn, "w", max_attempts=1)
+    pglockkit.Worker(db.dsn, "w", explode).run(exit_when_idle=True)
+    row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()
+    assert row[0] == "dead" and "RuntimeError: handler failed" in row[1]
+
+
+def test_worker_wakes_on_notify(done_log):
+    db = done_log
+    from queue_handlers import record
+
+    worker = pglockkit.Worker(db.dsn, "w", record, poll_interval=30)
+    thread = threading.Thread(target=worker.run, kwargs={"max_jobs": 1})
+    thread.start()
+    time.sleep(0.5)  # the worker is now waiting on LISTEN, with a 30 s poll
+    enqueued = time.monotonic()
+    q.enqueue(db.conn, "w")
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - enqueued < 5
+
+
+def test_worker_heartbeat_keeps_a_long_job(done_log):
+    db = done_log
+    from queue_handlers import record
+
+    job_id = q.enqueue(db.conn, "w", {"sleep": 1.2})
+    worker = pglockkit.Worker(db.dsn, "w", record, lease=0.4)
+    thread = threading.Thread(target=worker.run, kwargs={"max_jobs": 1})
+    thread.start()
+    time.sleep(0.8)  # past the lease: only the heartbeat keeps the claim
+    assert q.claim(db.conn, "w", "thief") == []
+    thread.join(10)
+    assert _status(db.conn, job_id) == ("done", 1)
+
+
+def _worker_proc(db, *extra):
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pglockkit.cli",
+            "work",
+            "--dsn",
+            db.dsn,
+            "--queue",
+            "w",
+            "--handler",
+            "queue_handlers:record",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log):
+    db = done_log
+    ids = q.enqueue_many(db.conn, "w", [{"sleep": 0.5}] * 6)
+    proc = _worker_proc(db, "--batch", "6", "--lease", "60s")
+    deadline = time.monotonic() + 20
+    # Wait until the worker is inside a handler: its connection is idle in the job's transaction.
+    while not db.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w' "
+        "AND state = 'idle in transaction'"
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    statuses = dict(db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY status").fetchall())
+    assert statuses == {"done": 1, "queued": len(ids) - 1}  # the job in hand finished; the rest given back
+    attempts = {r[0] for r in db.conn.execute("SELECT attempt FROM pglockkit.jobs WHERE status = 'queued'")}
+    assert attempts == {0}  # given back: the attempt did not count
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 1
+
+
+@pytest.mark.slow
+def test_exactly_once_while_workers_are_sigkilled(done_log):
+    """8 worker processes drain 5,000 jobs while a random one is SIGKILLed every few hundred ms
+    and replaced. Every job ends done, recorded exactly once, with the token of its final claim."""
+    db = done_log
+    total = 5000
+    q.enqueue_many(db.conn, "w", [{}] * total)
+    rng = random.Random(7)
+    workers = [_worker_proc(db, "--batch", "5", "--lease", "1s", "--poll", "0.2") for _ in range(8)]
+    kills = 0
+    deadline = time.monotonic() + 240
+    try:
+        while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
+            assert time.monotonic() < deadline, "queue not drained in time"
+            time.sleep(rng.uniform(0.2, 0.5))
+            victim = rng.randrange(len(workers))
+            workers[victim].kill()  # SIGKILL: no cleanup, claims left behind
+            workers[victim].wait()
+            kills += 1
+            workers[victim] = _worker_proc(db, "--batch", "5", "--lease", "1s", "--poll", "0.2")
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    assert kills >= 5
+    recorded, distinct = db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone()
+    assert recorded == distinct == total
+    mismatched = db.conn.execute(
+        "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id WHERE j.token <> d.token"
+    ).fetchone()[0]
+    assert mismatched == 0
+    reclaimed = db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE attempt > 1").fetchone()[0]
+    assert reclaimed > 0  # the kills really left claims behind that were taken over
+
+
+def test_jsonb_payload_round_trip(db):
+    payload = {"nested": {"list": [1, 2, {"x": None}]}, "unicode": "žluťoučký kůň", "n": 1.5}
+    job_id = db.conn.execute("SELECT pglockkit.enqueue_job('q', %s)", (Jsonb(payload),)).fetchone()[0]
+    [job] = q.claim(db.conn, "q", "w")
+    assert job.id == job_id and job.payload == payload
