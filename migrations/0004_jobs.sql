@@ -208,6 +208,10 @@ CREATE FUNCTION pglockkit.claim_job(
 RETURNS SETOF pglockkit.claimed_job
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp
+-- A generic plan, made once per session: under the default (auto) mode PL/pgSQL re-planned this
+-- multi-CTE statement at every call, which cost more than executing it (measured: claim+complete
+-- 0.46 -> 0.74 of the bare statements).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz := pg_catalog.clock_timestamp();
@@ -279,6 +283,7 @@ COMMENT ON FUNCTION pglockkit.claim_job(text, text, interval, integer) IS
 CREATE FUNCTION pglockkit.complete_job(id bigint, token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     UPDATE pglockkit.jobs j
@@ -294,6 +299,7 @@ COMMENT ON FUNCTION pglockkit.complete_job(bigint, bigint) IS
 CREATE FUNCTION pglockkit.complete_jobs(ids bigint[], tokens bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_done integer;
@@ -320,6 +326,7 @@ COMMENT ON FUNCTION pglockkit.complete_jobs(bigint[], bigint[]) IS
 CREATE FUNCTION pglockkit.fail_job(id bigint, token bigint, error text, retry_in interval DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now    timestamptz := pg_catalog.clock_timestamp();
@@ -350,6 +357,7 @@ COMMENT ON FUNCTION pglockkit.fail_job(bigint, bigint, text, interval) IS
 CREATE FUNCTION pglockkit.extend_job(id bigint, token bigint, lease interval) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM pglockkit._check_lease(extend_job.lease);
