@@ -23,10 +23,13 @@ CREATE TABLE pglockkit.jobs (
     token             bigint,
     lease_expires_at  timestamptz,
     dedup_key         text,
+    concurrency_key   text        CHECK (concurrency_key OPERATOR(pg_catalog.<>) ''),
+    concurrency_limit integer     CHECK (concurrency_limit BETWEEN 1 AND 10000),
     last_error        text,
     created_at        timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     started_at        timestamptz,
-    finished_at       timestamptz
+    finished_at       timestamptz,
+    CHECK ((concurrency_key IS NULL) = (concurrency_limit IS NULL))
 );
 COMMENT ON TABLE pglockkit.jobs IS
     'The job queue. Write it through enqueue_job / claim_job / complete_job / fail_job / extend_job / release_job / cancel_job; read pglockkit.queue_stats.';
@@ -38,6 +41,19 @@ CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE statu
 -- Dedup keys are unique among unfinished jobs of a queue.
 CREATE UNIQUE INDEX jobs_dedup ON pglockkit.jobs (queue, dedup_key)
     WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running');
+-- Per-key concurrency: how many jobs of each (queue, concurrency key) run now. claim_job raises
+-- the count with an upsert whose WHERE re-checks the limit on the newest row version, so two
+-- claimers cannot both take the last slot; every way out of 'running' lowers it again.
+CREATE TABLE pglockkit.job_keys (
+    queue   text    NOT NULL,
+    key     text    NOT NULL,
+    running integer NOT NULL DEFAULT 0 CHECK (running OPERATOR(pg_catalog.>=) 0),
+    lim     integer NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+COMMENT ON TABLE pglockkit.job_keys IS
+    'Running jobs per (queue, concurrency key) and the key''s limit (the last one claimed with). Maintained by the queue functions.';
+
 -- Pruning and history.
 CREATE INDEX jobs_finished ON pglockkit.jobs (finished_at) WHERE status IN ('done', 'dead', 'cancelled');
 
@@ -121,9 +137,26 @@ $$;
 COMMENT ON FUNCTION pglockkit._job_not_found(bigint) IS
     'Private: 42704 for an unknown job id, else false (stale token or job not running).';
 
+CREATE FUNCTION pglockkit._keys_left(queues text[], keys text[]) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Jobs (one array entry each; NULL keys ignored) of these queues and concurrency keys
+    -- stopped running. One UPDATE, each key's row once.
+    UPDATE pglockkit.job_keys k
+       SET running = k.running OPERATOR(pg_catalog.-) g.n
+      FROM (SELECT x.queue, x.key, pg_catalog.count(*)::int AS n
+              FROM ROWS FROM (pg_catalog.unnest(queues), pg_catalog.unnest(keys)) AS x(queue, key)
+             WHERE x.key IS NOT NULL GROUP BY x.queue, x.key) g
+     WHERE k.queue OPERATOR(pg_catalog.=) g.queue AND k.key OPERATOR(pg_catalog.=) g.key
+$$;
+COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
+    'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''.';
+
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
-    dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5)
+    dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5,
+    concurrency_key text DEFAULT NULL, concurrency_limit integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -142,10 +175,22 @@ BEGIN
         RAISE EXCEPTION 'max_attempts % is out of range', enqueue_job.max_attempts
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
     END IF;
+    IF (enqueue_job.concurrency_key IS NULL) OPERATOR(pg_catalog.<>) (enqueue_job.concurrency_limit IS NULL) THEN
+        RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
+    END IF;
+    IF enqueue_job.concurrency_key OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue_job.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'concurrency_limit % is out of range', enqueue_job.concurrency_limit
+            USING ERRCODE = 'numeric_value_out_of_range', HINT = 'concurrency_limit is 1 to 10000.';
+    END IF;
     LOOP
-        INSERT INTO pglockkit.jobs AS j (queue, payload, run_at, priority, dedup_key, max_attempts)
+        INSERT INTO pglockkit.jobs AS j (queue, payload, run_at, priority, dedup_key, max_attempts,
+                                         concurrency_key, concurrency_limit)
         VALUES (enqueue_job.queue, enqueue_job.payload, enqueue_job.run_at, enqueue_job.priority,
-                enqueue_job.dedup_key, enqueue_job.max_attempts)
+                enqueue_job.dedup_key, enqueue_job.max_attempts, enqueue_job.concurrency_key, enqueue_job.concurrency_limit)
         ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
         RETURNING j.id INTO v_id;
         IF v_id IS NOT NULL THEN
@@ -162,8 +207,8 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pglockkit.enqueue_job(text, jsonb, timestamptz, integer, text, integer) IS
-    'Adds a job and returns its id; NOTIFY pglockkit_jobs with the queue name wakes workers. A job is invisible until run_at. Higher priority is claimed first, then earlier run_at, then lower id. With a dedup_key, an unfinished (queued or running) job of the queue with that key is returned instead of a duplicate.';
+COMMENT ON FUNCTION pglockkit.enqueue_job(text, jsonb, timestamptz, integer, text, integer, text, integer) IS
+    'Adds a job and returns its id; NOTIFY pglockkit_jobs with the queue name wakes workers. A job is invisible until run_at. Higher priority is claimed first, then earlier run_at, then lower id. With a dedup_key, an unfinished (queued or running) job of the queue with that key is returned instead of a duplicate. With concurrency_key and concurrency_limit, at most that many jobs of the queue with that key run at once (other keys are not held up).';
 
 CREATE FUNCTION pglockkit.enqueue_jobs(
     queue text, payloads jsonb[], run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
@@ -213,9 +258,11 @@ SET search_path = pg_catalog, pg_temp
 -- 0.46 -> 0.74 of the bare statements).
 SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
 DECLARE
     v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
+    -- (use_column: ON CONFLICT (queue, key) names columns; every parameter below is qualified.)
     PERFORM pglockkit._check_queue(claim_job.queue);
     PERFORM pglockkit._check_lease(claim_job.lease);
     IF claim_job.worker IS NULL OR claim_job.batch IS NULL THEN
@@ -233,9 +280,16 @@ BEGIN
     -- One statement: expired leases first (their workers died or hung; a reclaim counts as an
     -- attempt, and on the last attempt the job goes dead), then due jobs in priority order.
     -- SKIP LOCKED: a row another claimer holds is skipped, never waited for.
+    --
+    -- Per-key concurrency: due jobs whose key is at its limit (by this statement's snapshot) are
+    -- passed over; within the batch at most limit - running jobs per key are kept; then one
+    -- upsert per key raises its running count only if the newest row version still has room
+    -- (ON CONFLICT re-checks its WHERE after waiting for a concurrent claimer). Jobs of a key that
+    -- got no room stay queued. A key with a job buried here (dead on its last attempt's expiry)
+    -- is not claimed in the same call, so that each key's row changes at most once per statement.
     RETURN QUERY
     WITH expired AS (
-        SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted
+        SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted, j.concurrency_key
           FROM pglockkit.jobs j
          WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
            AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now
@@ -248,21 +302,51 @@ BEGIN
           FROM expired e
          WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
     ), ready AS (
-        SELECT j.id
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
           FROM pglockkit.jobs j
          WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'queued'
            AND j.run_at OPERATOR(pg_catalog.<=) v_now
+           AND (j.concurrency_key IS NULL OR NOT EXISTS (
+                SELECT FROM pglockkit.job_keys k
+                 WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) j.concurrency_key
+                   AND k.running OPERATOR(pg_catalog.>=) j.concurrency_limit))
          ORDER BY j.priority DESC, j.run_at, j.id
          LIMIT claim_job.batch
            FOR UPDATE SKIP LOCKED
+    ), allowed AS (
+        SELECT r.*, pg_catalog.row_number() OVER (ORDER BY r.priority DESC, r.run_at, r.id) AS pos
+          FROM (SELECT r.*, pg_catalog.row_number() OVER (PARTITION BY r.concurrency_key
+                                                       ORDER BY r.priority DESC, r.run_at, r.id) AS nth,
+                       coalesce(k.running, 0) AS running_now
+                  FROM ready r
+                  LEFT JOIN pglockkit.job_keys k
+                    ON k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) r.concurrency_key) r
+         WHERE r.concurrency_key IS NULL
+            OR (r.nth OPERATOR(pg_catalog.<=) (r.concurrency_limit OPERATOR(pg_catalog.-) r.running_now)
+                AND r.concurrency_key NOT IN (SELECT e.concurrency_key FROM expired e
+                                               WHERE e.exhausted AND e.concurrency_key IS NOT NULL))
+    ), kept AS (
+        SELECT a.* FROM allowed a
+         WHERE a.pos OPERATOR(pg_catalog.<=) (claim_job.batch OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM expired e WHERE NOT e.exhausted))
+    ), unburied AS (
+        UPDATE pglockkit.job_keys k
+           SET running = k.running OPERATOR(pg_catalog.-) b.n
+          FROM (SELECT e.concurrency_key AS key, pg_catalog.count(*)::int AS n
+                  FROM expired e WHERE e.exhausted AND e.concurrency_key IS NOT NULL GROUP BY e.concurrency_key) b
+         WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) b.key
+    ), reserved AS (
+        INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
+        SELECT claim_job.queue, kk.concurrency_key, pg_catalog.count(*)::int, pg_catalog.min(kk.concurrency_limit)
+          FROM kept kk WHERE kk.concurrency_key IS NOT NULL GROUP BY kk.concurrency_key
+        ON CONFLICT (queue, key) DO UPDATE
+           SET running = k.running OPERATOR(pg_catalog.+) excluded.running, lim = excluded.lim
+         WHERE (k.running OPERATOR(pg_catalog.+) excluded.running) OPERATOR(pg_catalog.<=) excluded.lim
+        RETURNING k.key
     ), picked AS (
-        SELECT c.id FROM (
-            SELECT e.id, 0 AS rank FROM expired e WHERE NOT e.exhausted
-            UNION ALL
-            SELECT r.id, 1 AS rank FROM ready r
-        ) c
-        ORDER BY c.rank
-        LIMIT claim_job.batch
+        SELECT e.id, 0 AS rank, 0::int8 AS pos FROM expired e WHERE NOT e.exhausted
+        UNION ALL
+        SELECT kk.id, 1, kk.pos FROM kept kk
+         WHERE kk.concurrency_key IS NULL OR kk.concurrency_key IN (SELECT rs.key FROM reserved rs)
     ), claimed AS (
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
@@ -285,12 +369,22 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
 BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
      WHERE j.id OPERATOR(pg_catalog.=) complete_job.id AND j.token OPERATOR(pg_catalog.=) complete_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running';
-    RETURN FOUND OR pglockkit._job_not_found(complete_job.id);
+       AND j.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(complete_job.id);
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.complete_job(bigint, bigint) IS
@@ -302,7 +396,9 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_done integer;
+    v_done   integer;
+    v_queues text[];
+    v_keys   text[];
 BEGIN
     IF ids IS NULL OR tokens IS NULL THEN
         RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -311,12 +407,20 @@ BEGIN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE pglockkit.jobs j
-       SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-      FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-     WHERE j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
-       AND j.status OPERATOR(pg_catalog.=) 'running';
-    GET DIAGNOSTICS v_done = ROW_COUNT;
+    WITH done AS (
+        UPDATE pglockkit.jobs j
+           SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
+          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         WHERE j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
+           AND j.status OPERATOR(pg_catalog.=) 'running'
+        RETURNING j.queue, j.concurrency_key
+    )
+    SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
+      INTO v_done, v_queues, v_keys
+      FROM done d;
+    IF v_done OPERATOR(pg_catalog.>) 0 THEN
+        PERFORM pglockkit._keys_left(v_queues, v_keys);
+    END IF;
     RETURN v_done;
 END
 $$;
@@ -331,6 +435,8 @@ AS $$
 DECLARE
     v_now    timestamptz := pg_catalog.clock_timestamp();
     v_status text;
+    v_queue  text;
+    v_key    text;
 BEGIN
     IF retry_in IS NOT NULL AND retry_in OPERATOR(pg_catalog.<) interval '0' THEN
         RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
@@ -343,10 +449,13 @@ BEGIN
            last_error = fail_job.error, lease_expires_at = NULL
      WHERE j.id OPERATOR(pg_catalog.=) fail_job.id AND j.token OPERATOR(pg_catalog.=) fail_job.token
        AND j.status OPERATOR(pg_catalog.=) 'running'
-    RETURNING j.status INTO v_status;
+    RETURNING j.status, j.queue, j.concurrency_key INTO v_status, v_queue, v_key;
     IF v_status IS NULL THEN
         PERFORM pglockkit._job_not_found(fail_job.id);
         RETURN 'stale';
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
     END IF;
     RETURN v_status;
 END
@@ -375,17 +484,24 @@ CREATE FUNCTION pglockkit.release_job(id bigint, token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
 BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
            run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
      WHERE j.id OPERATOR(pg_catalog.=) release_job.id AND j.token OPERATOR(pg_catalog.=) release_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running';
-    IF FOUND THEN
-        PERFORM pg_catalog.pg_notify('pglockkit_jobs', (SELECT j.queue FROM pglockkit.jobs j WHERE j.id OPERATOR(pg_catalog.=) release_job.id));
-        RETURN true;
+       AND j.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(release_job.id);
     END IF;
-    RETURN pglockkit._job_not_found(release_job.id);
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    PERFORM pg_catalog.pg_notify('pglockkit_jobs', v_queue);
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.release_job(bigint, bigint) IS
@@ -395,11 +511,28 @@ CREATE FUNCTION pglockkit.cancel_job(id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
 BEGIN
+    WITH old AS (
+        SELECT j.id, j.status FROM pglockkit.jobs j
+         WHERE j.id OPERATOR(pg_catalog.=) cancel_job.id AND j.status IN ('queued', 'running')
+           FOR UPDATE
+    )
     UPDATE pglockkit.jobs j
        SET status = 'cancelled', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) cancel_job.id AND j.status IN ('queued', 'running');
-    RETURN FOUND OR pglockkit._job_not_found(cancel_job.id);
+      FROM old
+     WHERE j.id OPERATOR(pg_catalog.=) old.id
+    RETURNING j.queue, CASE WHEN old.status OPERATOR(pg_catalog.=) 'running' THEN j.concurrency_key END
+         INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(cancel_job.id);
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.cancel_job(bigint) IS

@@ -251,6 +251,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             priority=args.priority,
             dedup_key=args.dedup_key,
             max_attempts=args.max_attempts,
+            concurrency_key=args.concurrency_key,
+            concurrency_limit=args.concurrency_limit,
         )
     print(job_id)
     return 0
@@ -377,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=_duration, metavar="DURATION", help="run no earlier than this from now")
     p.add_argument("--dedup-key", help="return the pending job with this key instead of adding another")
     p.add_argument("--max-attempts", type=int, default=5, help="default: %(default)s")
+    p.add_argument("--concurrency-key", metavar="KEY", help="e.g. tenant:42; needs --concurrency-limit")
+    p.add_argument(
+        "--concurrency-limit", type=int, metavar="N", help="at most N jobs of this queue with KEY run at once"
+    )
     p = add(
         "work",
         cmd_work,

@@ -59,8 +59,13 @@ def enqueue(
     priority: int = 0,
     dedup_key: str | None = None,
     max_attempts: int = 5,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> int:
     """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one).
+
+    With ``concurrency_key`` (a tenant, an account, a graph) and ``concurrency_limit``, at most that
+    many jobs of the queue with that key run at once; jobs of other keys are not held up.
 
     >>> enqueue(conn, "emails", {"to": "ana@example.com"}, priority=10)  # doctest: +SKIP
     1
@@ -72,7 +77,8 @@ def enqueue(
         when = "clock_timestamp() + %(delay)s"
     with translated():
         return conn.execute(
-            f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s)",
+            f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s, "
+            "%(ckey)s, %(climit)s)",
             {
                 "queue": queue,
                 "payload": Jsonb({} if payload is None else payload),
@@ -80,6 +86,8 @@ def enqueue(
                 "delay": None if delay is None else _seconds(delay),
                 "priority": priority,
                 "dedup": dedup_key,
+                "ckey": concurrency_key,
+                "climit": concurrency_limit,
                 "max": max_attempts,
             },
         ).fetchone()[0]

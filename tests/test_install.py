@@ -139,7 +139,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.claim_job(text,text,interval,integer)",
         "pglockkit.complete_job(bigint,bigint)",
         "pglockkit.complete_jobs(bigint[],bigint[])",
-        "pglockkit.enqueue_job(text,jsonb,timestamp with time zone,integer,text,integer)",
+        "pglockkit.enqueue_job(text,jsonb,timestamp with time zone,integer,text,integer,text,integer)",
         "pglockkit.enqueue_jobs(text,jsonb[],timestamp with time zone,integer,integer)",
         "pglockkit.extend_job(bigint,bigint,interval)",
         "pglockkit.fail_job(bigint,bigint,text,interval)",
