@@ -1329,8 +1329,9 @@ BEGIN
            SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
                token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
                started_at = v_now
-          FROM picked p
-         WHERE j.id OPERATOR(pg_catalog.=) p.id
+         -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
+         -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.
+         WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
     )
     SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
