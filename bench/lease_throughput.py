@@ -33,7 +33,7 @@ from pathlib import Path
 import psycopg
 
 import pglockkit
-from bench.lock_overhead import _nproc, _target
+from bench.common import add_target_arguments, nproc, target
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lease_throughput.json"
 
@@ -117,15 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.lease_throughput", description=__doc__.splitlines()[0]
     )
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--dsn")
-    target.add_argument("--embedded", action="store_true")
+    add_target_arguments(parser)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
-    dsn, target_name = _target(args)
+    dsn, target_name = target(args)
     pglockkit.install(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(BASELINE_SETUP)
@@ -168,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": target_name,
         "server_version": version,
         "platform": platform.platform(),
-        "nproc": _nproc(),
+        "nproc": nproc(),
         "seconds": args.seconds,
         "runs": args.runs,
     }

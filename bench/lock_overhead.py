@@ -57,22 +57,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import shlex
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 import pglockkit
+from bench.common import add_target_arguments, environment, int_list, positive, spread, target
 
 NAMESPACE = "bench"
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lock_overhead.json"
@@ -386,34 +383,6 @@ def prepare(dsn: str) -> tuple[int, str]:
     return ns_id, version
 
 
-def _nproc() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def environment(argv: Sequence[str], target: str, server_version: str) -> dict[str, Any]:
-    """Date, command line, server and machine: what a reader needs to weigh the numbers."""
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "-m", "bench.lock_overhead", *argv]),
-        "target": target,
-        "server_version": server_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "nproc": _nproc(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "psycopg": psycopg.__version__,
-        "pglockkit": pglockkit.__version__,
-    }
-
-
-def _spread(values: Sequence[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-
 def render_markdown(
     env: dict[str, Any], settings: dict[str, Any], rows: list[Comparison], server: ServerSide
 ) -> str:
@@ -442,7 +411,7 @@ def render_markdown(
     for r in rows:
         lines.append(
             f"| `{r.statement}` | `{r.baseline}` | {r.clients} "
-            f"| {_spread(r.baseline_ops_s, ',.0f')} | {_spread(r.pglockkit_ops_s, ',.0f')} "
+            f"| {spread(r.baseline_ops_s, ',.0f')} | {spread(r.pglockkit_ops_s, ',.0f')} "
             f"| {r.ratio:.3f} ({r.run_ratio_min:.3f}-{r.run_ratio_max:.3f}) | {r.overhead_us_per_txn:+.1f} |"
         )
     lines += [
@@ -456,7 +425,7 @@ def render_markdown(
         "| pglockkit µs/call median (min-max) | cost ratio | overhead µs/call |",
         "|---|---|--:|--:|--:|--:|",
         f"| `pglockkit.xact_lock('{NAMESPACE}', 'r' \\|\\| g)` | `pg_advisory_xact_lock(base + g)` "
-        f"| {_spread(server.baseline_us_per_call, '.3f')} | {_spread(server.pglockkit_us_per_call, '.3f')} "
+        f"| {spread(server.baseline_us_per_call, '.3f')} | {spread(server.pglockkit_us_per_call, '.3f')} "
         f"| {server.cost_ratio:.2f} | {server.overhead_us_per_call:+.2f} |",
     ]
     return "\n".join(lines)
@@ -475,54 +444,19 @@ def write_json(
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def _clients(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not counts or any(c < 1 for c in counts):
-        raise argparse.ArgumentTypeError(f"client counts must be positive, got {text!r}")
-    return counts
-
-
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.lock_overhead",
         description="Overhead of pglockkit.xact_lock & co. over bare pg_advisory_xact_lock, as ratios.",
     )
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--dsn", help="libpq DSN of a server (pglockkit is installed there if missing)")
-    target.add_argument(
-        "--embedded", action="store_true", help="start (if needed) and use the embedded PostgreSQL 18"
-    )
-    parser.add_argument("--seconds", type=_positive(float), default=2.0, help="length of one run (default 2)")
-    parser.add_argument("--clients", type=_clients, default=[1, 4], help="client counts (default 1,4)")
-    parser.add_argument("--runs", type=_positive(int), default=3, help="runs per statement (default 3)")
+    add_target_arguments(parser)
+    parser.add_argument("--seconds", type=positive(float), default=2.0, help="length of one run (default 2)")
+    parser.add_argument("--clients", type=int_list, default=[1, 4], help="client counts (default 1,4)")
+    parser.add_argument("--runs", type=positive(int), default=3, help="runs per statement (default 3)")
     parser.add_argument(
         "--output", type=Path, default=RESULTS_PATH, help=f"JSON path (default {RESULTS_PATH})"
     )
     return parser
-
-
-def _target(args: argparse.Namespace) -> tuple[str, str]:
-    """(DSN, description). Without --dsn or --embedded: $PGLOCKKIT_DSN, else libpq's PG* variables."""
-    if args.embedded:
-        from pglockkit import embedded
-
-        return embedded.start(), "embedded"
-    if args.dsn:
-        return args.dsn, "--dsn"
-    return pglockkit.resolve_dsn(), "environment"
 
 
 def _log(message: str) -> None:
@@ -532,7 +466,7 @@ def _log(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    dsn, target = _target(args)
+    dsn, target_name = target(args)
     ns_id, version = prepare(dsn)
     settings = {"seconds": args.seconds, "runs": args.runs, "clients": args.clients, "namespace_id": ns_id}
     rows: list[Comparison] = []
@@ -540,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.extend(round_trips(dsn, ns_id, clients, args.seconds, args.runs, _log))
     _log("server side ...")
     server = server_side(dsn, ns_id, args.runs)
-    env = environment(argv, target, version)
+    env = environment("bench.lock_overhead", argv, target_name, version)
     print(render_markdown(env, settings, rows, server))
     write_json(args.output, env, settings, rows, server)
     _log(f"wrote {args.output}")

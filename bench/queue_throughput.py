@@ -64,22 +64,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
-import shlex
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 import pglockkit
-from bench.lock_overhead import _nproc, _target
+from bench.common import add_target_arguments, environment, int_list, positive, spread, target
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "queue_throughput.json"
 APPLICATION_NAME = "pglockkit bench queue_throughput"
@@ -615,37 +612,6 @@ def section_batch(dsn: str, conn: psycopg.Connection, args: argparse.Namespace) 
 # ---------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def environment(argv: Sequence[str], target: str, server_version: str) -> dict[str, Any]:
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "-m", "bench.queue_throughput", *argv]),
-        "target": target,
-        "server_version": server_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "nproc": _nproc(),
-        "python": platform.python_version(),
-        "psycopg": psycopg.__version__,
-        "pglockkit": pglockkit.__version__,
-    }
-
-
-def _spread(values: Sequence[float], fmt: str = ",.0f") -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-
 def _run_rates(runs: Sequence[dict]) -> list[float]:
     return [r["rate"] for r in runs]
 
@@ -683,8 +649,8 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
         ]
         for r in results["claim_complete"]:
             lines.append(
-                f"| {r['clients']} | {_spread(_run_rates(r['pglockkit_runs']))} "
-                f"| {_spread(_run_rates(r['bare_runs']))} "
+                f"| {r['clients']} | {spread(_run_rates(r['pglockkit_runs']))} "
+                f"| {spread(_run_rates(r['bare_runs']))} "
                 f"| {r['ratio']:.2f} ({r['run_ratio_min']:.2f}-{r['run_ratio_max']:.2f}) "
                 f"| {_yes(r['ratio'] >= 0.8)} |"
             )
@@ -703,8 +669,8 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
         ]
         for r in results["scaling"]:
             lines.append(
-                f"| {r['workers']} | {_spread(_run_rates(r['queue_runs']))} | {r['queue_parallelism']:.2f} "
-                f"| {_spread(_run_rates(r['global_lock_runs']))} | {r['global_lock_parallelism']:.2f} "
+                f"| {r['workers']} | {spread(_run_rates(r['queue_runs']))} | {r['queue_parallelism']:.2f} "
+                f"| {spread(_run_rates(r['global_lock_runs']))} | {r['global_lock_parallelism']:.2f} "
                 f"| {r['queue_vs_global_lock']:.2f} |"
             )
     if "backlog" in results:
@@ -723,7 +689,7 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
         for r in b["cases"]:
             lines.append(
                 f"| {r['case']} | {r['label']} | {r['table_rows']:,} | {r['table_mb']:.0f} "
-                f"| {_spread(_run_rates(r['runs']))} | {r['ratio_vs_a']:.2f} "
+                f"| {spread(_run_rates(r['runs']))} | {r['ratio_vs_a']:.2f} "
                 f"| {'-' if r['case'] == 'a' else _yes(0.8 <= r['ratio_vs_a'] <= 1.2)} |"
             )
         most = max(r["jobs_per_run_max"] for r in b["cases"])
@@ -747,7 +713,7 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
         ]
         for r in results["batch"]:
             lines.append(
-                f"| {r['batch']} | {_spread(_run_rates(r['runs']))} | {r['claims_s']:,.0f} "
+                f"| {r['batch']} | {spread(_run_rates(r['runs']))} | {r['claims_s']:,.0f} "
                 f"| {r['ratio_vs_first']:.2f} ({r['run_ratio_min']:.2f}-{r['run_ratio_max']:.2f}) |"
             )
     return "\n".join(lines)
@@ -758,35 +724,12 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
 # ---------------------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be positive, got {text!r}")
-    return values
-
-
 def _sections(text: str) -> list[int]:
-    values = _int_list(text)
+    values = int_list(text)
     unknown = [v for v in values if v not in SECTIONS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown section(s) {unknown}; sections are 1, 2, 3, 4")
     return sorted(set(values))
-
-
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -794,38 +737,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench.queue_throughput",
         description="Job queue throughput as ratios against baselines measured in the same run.",
     )
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--dsn", help="libpq DSN of a server (pglockkit is installed there if missing)")
-    target.add_argument(
-        "--embedded", action="store_true", help="start (if needed) and use the embedded PostgreSQL 18"
-    )
-    parser.add_argument("--seconds", type=_positive(float), default=2.0, help="length of one run (default 2)")
-    parser.add_argument("--runs", type=_positive(int), default=3, help="runs per design (default 3)")
+    add_target_arguments(parser)
+    parser.add_argument("--seconds", type=positive(float), default=2.0, help="length of one run (default 2)")
+    parser.add_argument("--runs", type=positive(int), default=3, help="runs per design (default 3)")
     parser.add_argument(
         "--sections",
         type=_sections,
         default=sorted(SECTIONS),
         help="comma list of sections (default 1,2,3,4)",
     )
-    parser.add_argument("--clients", type=_int_list, default=[1, 4], help="section 1 clients (default 1,4)")
+    parser.add_argument("--clients", type=int_list, default=[1, 4], help="section 1 clients (default 1,4)")
     parser.add_argument(
-        "--workers", type=_int_list, default=[1, 2, 4, 8, 16], help="section 2 workers (default 1,2,4,8,16)"
+        "--workers", type=int_list, default=[1, 2, 4, 8, 16], help="section 2 workers (default 1,2,4,8,16)"
     )
     parser.add_argument(
-        "--work-ms", type=_positive(float), default=5.0, help="section 2 simulated work per job (default 5)"
+        "--work-ms", type=positive(float), default=5.0, help="section 2 simulated work per job (default 5)"
     )
     parser.add_argument(
-        "--backlog-small", type=_positive(int), default=10_000, help="section 3 small backlog (default 10000)"
+        "--backlog-small", type=positive(int), default=10_000, help="section 3 small backlog (default 10000)"
     )
     parser.add_argument(
         "--backlog-large",
-        type=_positive(int),
+        type=positive(int),
         default=1_000_000,
         help="section 3 large backlog and done rows (default 1000000)",
     )
-    parser.add_argument(
-        "--batches", type=_int_list, default=[1, 10, 100], help="section 4 (default 1,10,100)"
-    )
+    parser.add_argument("--batches", type=int_list, default=[1, 10, 100], help="section 4 (default 1,10,100)")
     parser.add_argument(
         "--output", type=Path, default=RESULTS_PATH, help=f"JSON path (default {RESULTS_PATH})"
     )
@@ -838,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(b > 1000 for b in args.batches):
         parser.error("--batches: claim_job takes batch 1 to 1000")
-    dsn, target = _target(args)
+    dsn, target_name = target(args)
     pglockkit.install(dsn)
     names = ("seconds", "runs", "sections", "clients", "workers", "work_ms", "backlog_small", "backlog_large")
     settings: dict[str, Any] = {k: getattr(args, k) for k in (*names, "batches")}
@@ -857,7 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             deleted = reset_jobs(conn)
             _log(f"cleanup: deleted {deleted:,} bench jobs, dropped bench_bare_jobs")
     settings["total_s"] = round(time.perf_counter() - started, 1)
-    env = environment(argv, target, version)
+    env = environment("bench.queue_throughput", argv, target_name, version)
     print(render_markdown(env, settings, results))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
