@@ -186,7 +186,8 @@ class _Heartbeat:
                 jobs = list(self.jobs)
             for job in jobs:
                 try:
-                    if not extend(self._conn, job, self.lease):
+                    # A job finished meanwhile is no longer watched: its failed extension is no loss.
+                    if not extend(self._conn, job, self.lease) and self._watching(job):
                         self.lost.add(job.id)
                         log.warning(
                             "lost claim of job %s (token %s): lease expired or job reclaimed",
@@ -195,6 +196,10 @@ class _Heartbeat:
                         )
                 except psycopg.Error as exc:
                     log.warning("heartbeat failed for job %s: %s", job.id, exc)
+
+    def _watching(self, job: Job) -> bool:
+        with self._lock:
+            return job in self.jobs
 
     def close(self) -> None:
         self._stop.set()
@@ -277,7 +282,11 @@ class Worker:
                     release(conn, rest)
                 log.info("stopping: gave back %d unstarted job(s)", len(jobs) - i)
                 return
-            self._run_one(conn, job, heartbeat)
+            if job.id in heartbeat.lost:
+                log.warning("job %s: claim lost before it started (reclaimed or cancelled); skipped", job.id)
+            else:
+                self._run_one(conn, job, heartbeat)
+            heartbeat.watch(jobs[i + 1 :])  # finished: stop extending it
 
     def _run_one(self, conn: psycopg.Connection, job: Job, heartbeat: _Heartbeat) -> None:
         started = time.monotonic()

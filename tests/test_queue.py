@@ -3,6 +3,7 @@ steps over several connections, and exactly-once completion while workers are SI
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -361,6 +362,18 @@ def test_worker_heartbeat_keeps_a_long_job(done_log):
     assert q.claim(db.conn, "w", "thief") == []
     thread.join(10)
     assert _status(db.conn, job_id) == ("done", 1)
+
+
+def test_worker_heartbeat_in_a_batch_keeps_claims_and_reports_no_false_loss(done_log, caplog):
+    db = done_log
+    from queue_handlers import record
+
+    caplog.set_level(logging.INFO, logger="pglockkit.queue")
+    ids = q.enqueue_many(db.conn, "w", [{"sleep": 0.4}] * 3)
+    assert pglockkit.Worker(db.dsn, "w", record, batch=3, lease=0.5).run(max_jobs=3) == 3
+    rows = db.conn.execute("SELECT id, status, attempt FROM pglockkit.jobs ORDER BY id").fetchall()
+    assert rows == [(i, "done", 1) for i in ids]  # the last job waited 0.8 s on a 0.5 s lease
+    assert not [r for r in caplog.records if "lost" in r.getMessage()]
 
 
 def _worker_proc(db, *extra):
