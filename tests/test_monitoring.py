@@ -1,0 +1,154 @@
+"""Monitoring views against real servers: planted holders, waiters, chains and idle leaks show up
+with their namespace; unprivileged monitoring roles can read them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pglockkit import lock_key, namespace_id
+
+
+@pytest.fixture
+def ns(db):
+    db.conn.execute("SELECT pglockkit.register_namespace('graphs')")
+    return "graphs"
+
+
+def _wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def _blocked_waiter(db, sql, params=()):
+    """A connection that runs `sql` in a thread (it blocks); returns (conn, thread)."""
+    conn = db.connect()
+    conn.execute("SET application_name = 'planted waiter'")
+    thread = threading.Thread(target=lambda: conn.execute(sql, params), daemon=True)
+    thread.start()
+    _wait_until(
+        lambda: (
+            db.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                (conn.info.backend_pid,),
+            ).fetchone()[0]
+            == 1
+        )
+    )
+    return conn, thread
+
+
+def test_idle_holder_and_waiter_are_named(db, ns):
+    with db.connect() as holder:
+        holder.execute("SET application_name = 'planted holder'")
+        holder.execute("SELECT pglockkit.try_lock(%s, 'restock_plan')", (ns,))
+        # The holder now idles with a session lock: the pooled-connection leak.
+        rows = db.conn.execute(
+            "SELECT namespace, key, pid, application_name, state FROM pglockkit.idle_lock_holders"
+        ).fetchall()
+        key = lock_key(namespace_id(ns), "restock_plan")
+        assert rows == [(ns, key, holder.info.backend_pid, "planted holder", "idle")]
+
+        waiter, thread = _blocked_waiter(
+            db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
+        )
+        first = db.conn.execute(
+            "SELECT granted, blocked_by, wait_time, namespace FROM pglockkit.advisory_locks WHERE pid = %s",
+            (waiter.info.backend_pid,),
+        ).fetchone()
+        assert first[0] is False and first[1] == [holder.info.backend_pid] and first[3] == ns
+        time.sleep(0.2)
+        later = db.conn.execute(
+            "SELECT wait_time FROM pglockkit.advisory_locks WHERE pid = %s", (waiter.info.backend_pid,)
+        ).fetchone()[0]
+        assert later > first[2]  # the wait grows
+        wait = db.conn.execute(
+            "SELECT blocked_by, root_blocker, locktype, namespace FROM pglockkit.lock_waits WHERE pid = %s",
+            (waiter.info.backend_pid,),
+        ).fetchone()
+        assert wait == ([holder.info.backend_pid], holder.info.backend_pid, "advisory", ns)
+        stats = db.conn.execute(
+            "SELECT locks_held, waiters FROM pglockkit.namespace_stats WHERE namespace = %s", (ns,)
+        ).fetchone()
+        assert stats == (1, 1)
+        holder.execute("SELECT pglockkit.unlock(%s, 'restock_plan')", (ns,))
+        thread.join(5)
+        waiter.close()
+
+
+def test_chain_of_three_has_one_root_with_two_behind(db, ns):
+    with db.connect() as a, db.connect() as b:
+        a.execute("SELECT pglockkit.try_lock(%s, 'k1')", (ns,))
+        b.execute("SELECT pglockkit.try_lock(%s, 'k2')", (ns,))
+        # b waits on k1 (held by a); c waits on k2 (held by b).
+        thread_b = threading.Thread(
+            target=lambda: b.execute("SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'k1'))", (ns,)),
+            daemon=True,
+        )
+        thread_b.start()
+        _wait_until(
+            lambda: (
+                db.conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                    (b.info.backend_pid,),
+                ).fetchone()[0]
+                == 1
+            )
+        )
+        c, thread_c = _blocked_waiter(db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'k2'))", (ns,))
+        rows = db.conn.execute(
+            "SELECT pid, root_blocker, sessions_behind_root FROM pglockkit.lock_waits ORDER BY pid"
+        ).fetchall()
+        assert sorted(rows) == sorted(
+            [(b.info.backend_pid, a.info.backend_pid, 2), (c.info.backend_pid, a.info.backend_pid, 2)]
+        )
+        a.execute("SELECT pg_advisory_unlock_all()")
+        thread_b.join(5)
+        b.execute("SELECT pg_advisory_unlock_all()")
+        thread_c.join(5)
+        c.close()
+
+
+def test_key_forms_and_labels(db, ns):
+    with db.connect() as conn:
+        conn.execute("SELECT pg_advisory_lock(1, -2), pg_advisory_lock(-5), pg_advisory_lock(72707369)")
+        conn.execute("SELECT pglockkit.try_lock(%s, 42)", (ns,))
+        rows = db.conn.execute(
+            "SELECT namespace, key, key1, key2 FROM pglockkit.advisory_locks WHERE pid = %s",
+            (conn.info.backend_pid,),
+        ).fetchall()
+    assert sorted(rows, key=str) == sorted(
+        [
+            ("int4 pair", None, 1, -2),
+            ("unregistered", -5, None, None),
+            ("flyway", 72707369, None, None),
+            (ns, lock_key(namespace_id(ns), 42), None, None),
+        ],
+        key=str,
+    )
+
+
+def test_monitoring_roles_can_read_and_others_cannot(server, db, ns):
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role in ("mon_only", "kit_only", "nobody"):
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute("GRANT pg_monitor TO mon_only")
+        admin.execute("GRANT pglockkit_user TO kit_only")
+    with db.connect() as holder:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'planted')", (ns,))
+        for role in ("mon_only", "kit_only"):
+            with psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True) as conn:
+                for view in ("advisory_locks", "lock_waits", "idle_lock_holders", "namespace_stats"):
+                    conn.execute(f"SELECT * FROM pglockkit.{view}").fetchall()
+                rows = conn.execute("SELECT namespace, pid FROM pglockkit.advisory_locks").fetchall()
+                assert (ns, holder.info.backend_pid) in rows, role
+        with psycopg.connect(make_conninfo(db.dsn, user="nobody"), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM pglockkit.advisory_locks")
