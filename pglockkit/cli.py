@@ -9,12 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 
-from pglockkit import embedded, locks, queue, runs
+from pglockkit import embedded, locks, monitor, queue, runs
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import install, render_bundle, status, uninstall
@@ -288,6 +289,29 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        findings = monitor.doctor(conn, idle_after=args.idle_after, lag_after=args.lag_after)
+    print(monitor.render_findings(findings))
+    threshold = monitor.SEVERITIES.index(args.fail_on)
+    return 1 if any(f.rank() >= threshold for f in findings) else 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True, application_name="pglockkit top") as conn:
+        if args.once:
+            print(monitor.render_top(conn))
+            return 0
+        try:
+            while True:
+                frame = monitor.render_top(conn)
+                sys.stdout.write("\x1b[H\x1b[2J" + frame + "\n")
+                sys.stdout.flush()
+                time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     text = render_bundle()
     target = Path(args.output)
@@ -415,6 +439,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue")
     p.add_argument("--status", choices=["queued", "running", "done", "dead", "cancelled"])
     p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
+    p = add(
+        "doctor",
+        cmd_doctor,
+        "check a database for lock, pool and queue hazards; prints findings and fixes",
+        parents=[conn_opts],
+        epilog="Exit status 1 when a finding is at or above --fail-on.",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=["info", "warning", "error"],
+        default="warning",
+        help="lowest severity that makes the exit status 1 (default warning)",
+    )
+    p.add_argument(
+        "--idle-after",
+        type=_duration,
+        default=timedelta(seconds=30),
+        metavar="DURATION",
+        help="report advisory locks held by sessions idle at least this long (default 30s)",
+    )
+    p.add_argument(
+        "--lag-after",
+        type=_duration,
+        default=timedelta(minutes=5),
+        metavar="DURATION",
+        help="report queues whose oldest ready job waited this long (default 5m)",
+    )
+    p = add(
+        "top",
+        cmd_top,
+        "live view of advisory locks, waits with their chains, queues and leases",
+        parents=[conn_opts],
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="refresh (default 2)")
     p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
     p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")
     p.add_argument("--check", action="store_true", help="fail if the file is not current")

@@ -3,11 +3,14 @@ with their namespace; unprivileged monitoring roles can read them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pglockkit import lock_key, namespace_id
@@ -152,3 +155,60 @@ def test_monitoring_roles_can_read_and_others_cannot(server, db, ns):
         with psycopg.connect(make_conninfo(db.dsn, user="nobody"), autocommit=True) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SELECT * FROM pglockkit.advisory_locks")
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_doctor_finds_each_planted_hazard_and_exits_nonzero(db, ns):
+    with db.connect() as leaky:
+        leaky_pid = leaky.info.backend_pid
+        leaky.execute("SET application_name = 'leaky pool'")
+        leaky.execute("SELECT pglockkit.try_lock(%s, 'report')", (ns,))  # idle session lock
+        leaky.execute("SELECT pg_advisory_lock(987654321)")  # a key outside every namespace
+        job = db.conn.execute("SELECT pglockkit.enqueue_job('mail', max_attempts => 1)").fetchone()[0]
+        claimed = db.conn.execute("SELECT id, token FROM pglockkit.claim_job('mail', 'w')").fetchone()
+        db.conn.execute("SELECT pglockkit.fail_job(%s, %s, 'smtp down')", claimed)  # dead
+        db.conn.execute("SELECT pglockkit.acquire_lease('refresh', 'gone', '10 ms')")
+        time.sleep(0.05)
+        out = _cli("doctor", "--dsn", db.dsn, "--idle-after", "0s")
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout
+    assert f"pid {leaky_pid} (leaky pool) holds advisory lock {ns}/" in text
+    assert "[WARNING] unregistered advisory keys: 1 advisory lock(s)" in text
+    assert "[WARNING] dead jobs: queue mail: 1 dead job(s)" in text and job == claimed[0]
+    assert "[INFO] expired lease: lease refresh (holder gone" in text
+    assert "fix: " in text
+
+
+def test_doctor_on_a_clean_database_reports_nothing_to_fix(db):
+    db.conn.execute(
+        sql.SQL("ALTER DATABASE {} SET lock_timeout = '5s'").format(sql.Identifier(db.conn.info.dbname))
+    )
+    out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "pglockkit doctor: no findings"
+
+
+def test_top_once_shows_holder_waiter_and_chain(db, ns):
+    with db.connect() as holder:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'restock_plan')", (ns,))
+        waiter, thread = _blocked_waiter(
+            db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
+        )
+        db.conn.execute("SELECT pglockkit.enqueue_job('emails')")
+        out = _cli("top", "--once", "--dsn", db.dsn)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        assert f"{holder.info.backend_pid} HOLD" in text and f"{waiter.info.backend_pid} WAIT" in text
+        assert f"blocked by {holder.info.backend_pid}" in text
+        assert f"root pid {holder.info.backend_pid}: 1 session(s) behind" in text
+        assert "emails" in text
+        # Without a terminal (as over a pipe) the frame is 80 columns wide.
+        assert max(len(line) for line in out.stdout.splitlines()) <= 80
+        holder.execute("SELECT pglockkit.unlock(%s, 'restock_plan')", (ns,))
+        thread.join(5)
+        waiter.close()

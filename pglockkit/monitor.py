@@ -1,0 +1,281 @@
+"""``pglockkit doctor`` and ``pglockkit top``: findings and a live frame, read from the views.
+
+The views in schema pglockkit are the source of truth; this module only selects from them and
+formats what it reads.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import timedelta
+
+import psycopg
+from psycopg.rows import dict_row
+
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    check: str
+    message: str
+    fix: str
+
+    def rank(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+
+def _rows(conn: psycopg.Connection, sql: str, params: tuple = ()) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql, params).fetchall()
+
+
+def _fmt_age(value: timedelta | None) -> str:
+    if value is None:
+        return "-"
+    seconds = value.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def doctor(
+    conn: psycopg.Connection,
+    *,
+    idle_after: timedelta = timedelta(seconds=30),
+    lag_after: timedelta = timedelta(minutes=5),
+) -> list[Finding]:
+    """Check a database for the hazards of the seeds; returns findings, most severe first."""
+    findings: list[Finding] = []
+
+    for r in _rows(
+        conn,
+        "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for "
+        "FROM pglockkit.idle_lock_holders WHERE idle_for >= %s ORDER BY idle_for DESC",
+        (idle_after,),
+    ):
+        key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+        findings.append(
+            Finding(
+                "warning",
+                "idle lock holder",
+                f"pid {r['pid']} ({r['application_name'] or '?'}) holds advisory lock {r['namespace']}/{key} "
+                f"while {r['state']} for {_fmt_age(r['idle_for'])}: "
+                "a session lock left on a pooled connection?",
+                "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
+                f"end the session: SELECT pg_terminate_backend({r['pid']});",
+            )
+        )
+
+    for r in _rows(
+        conn,
+        "SELECT count(*) AS n, array_agg(DISTINCT pid) AS pids FROM pglockkit.advisory_locks "
+        "WHERE namespace = 'unregistered' HAVING count(*) > 0",
+    ):
+        findings.append(
+            Finding(
+                "warning",
+                "unregistered advisory keys",
+                f"{r['n']} advisory lock(s) with keys outside any registered namespace (pids {r['pids']})",
+                "Take locks through pglockkit.lock_key(namespace, resource), after register_namespace, "
+                "so that every key has an owner and a name.",
+            )
+        )
+
+    row = _rows(
+        conn,
+        """
+        SELECT (SELECT count(*) FROM pg_locks) AS used,
+               current_setting('max_locks_per_transaction')::int
+                 * (current_setting('max_connections')::int
+                    + current_setting('max_prepared_transactions')::int)
+                 AS capacity""",
+    )[0]
+    if row["used"] > row["capacity"] / 2:
+        findings.append(
+            Finding(
+                "warning",
+                "lock table headroom",
+                f"{row['used']} locks in use of about {row['capacity']} slots in the shared lock table",
+                "Raise max_locks_per_transaction, or take fewer locks per transaction "
+                "(xact_lock_all batches).",
+            )
+        )
+
+    for r in _rows(
+        conn, "SELECT queue, dead, expired_leases, oldest_ready_age FROM pglockkit.queue_stats ORDER BY queue"
+    ):
+        if r["dead"]:
+            findings.append(
+                Finding(
+                    "warning",
+                    "dead jobs",
+                    f"queue {r['queue']}: {r['dead']} dead job(s)",
+                    f"Inspect last_error (pglockkit jobs {r['queue']} --status dead), fix, then "
+                    f"SELECT pglockkit.retry_dead_jobs('{r['queue']}');",
+                )
+            )
+        if r["oldest_ready_age"] is not None and r["oldest_ready_age"] >= lag_after:
+            findings.append(
+                Finding(
+                    "warning",
+                    "queue lag",
+                    f"queue {r['queue']}: the oldest ready job has waited {_fmt_age(r['oldest_ready_age'])}",
+                    "Add workers, or look for workers stuck behind a lock (pglockkit.lock_waits).",
+                )
+            )
+        if r["expired_leases"]:
+            findings.append(
+                Finding(
+                    "info",
+                    "expired job leases",
+                    f"queue {r['queue']}: {r['expired_leases']} running job(s) past their lease "
+                    "(worker gone?)",
+                    "They are reclaimed by the next claim_job; if they pile up, no worker is claiming.",
+                )
+            )
+
+    for r in _rows(
+        conn,
+        "SELECT name, holder, token, -expires_in AS expired_for FROM pglockkit.lease_status "
+        "WHERE released_at IS NULL AND NOT live ORDER BY name",
+    ):
+        findings.append(
+            Finding(
+                "info",
+                "expired lease",
+                f"lease {r['name']} (holder {r['holder']}, token {r['token']}) "
+                f"expired {_fmt_age(r['expired_for'])} ago",
+                "Its holder stopped renewing; the next acquire_lease takes it with a higher token.",
+            )
+        )
+
+    if conn.execute("SELECT current_setting('lock_timeout') = '0'").fetchone()[0]:
+        findings.append(
+            Finding(
+                "info",
+                "lock_timeout",
+                "lock_timeout is 0 for this role and database: a blocked statement waits forever",
+                "ALTER ROLE <worker> SET lock_timeout = '5s'; or pass a timeout to pglockkit.xact_lock.",
+            )
+        )
+
+    findings.extend(_pooler_check(conn))
+    return sorted(findings, key=lambda f: -f.rank())
+
+
+def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
+    """Behind a transaction-mode pooler, consecutive transactions of one client connection can run
+    on different server sessions, and session locks break silently."""
+    pids = set()
+    for _ in range(4):
+        with conn.transaction():
+            pids.add(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    if len(pids) > 1:
+        return [
+            Finding(
+                "error",
+                "transaction-mode pooler",
+                f"one client connection ran its transactions on {len(pids)} server sessions {sorted(pids)}",
+                "Session locks (try_lock, sole_writer, bound leases, start_run) are unsafe here: "
+                "connect them directly to PostgreSQL, or use xact_lock / the queue / leases "
+                "without binding.",
+            )
+        ]
+    return []
+
+
+def render_findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "pglockkit doctor: no findings"
+    lines = []
+    for f in findings:
+        lines.append(f"[{f.severity.upper()}] {f.check}: {f.message}")
+        lines.append(f"    fix: {f.fix}")
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    return "\n".join(lines)
+
+
+def _cut(text: object, width: int) -> str:
+    s = "" if text is None else str(text).replace("\n", " ")
+    return s if len(s) <= width else s[: width - 1] + "~"
+
+
+def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
+    """One frame of ``pglockkit top``: advisory locks, waits with their chains, queues, leases."""
+    width = width or min(shutil.get_terminal_size((80, 24)).columns, 160)
+    now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    out = [f"pglockkit top  {now:%Y-%m-%d %H:%M:%S}  {conn.info.dbname}", ""]
+
+    locks = _rows(
+        conn,
+        "SELECT namespace, coalesce(key::text, key1 || ',' || key2) AS key, granted, pid, "
+        "application_name, state, state_age, wait_time, blocked_by, query "
+        "FROM pglockkit.advisory_locks ORDER BY namespace, key, granted DESC, pid",
+    )
+    out.append(f"ADVISORY LOCKS ({len(locks)})")
+    out.append(f"{'NAMESPACE':<14}{'KEY':<21}{'PID':>7} {'':5}{'STATE':<11}{'FOR':>7}  APP / QUERY")
+    for r in locks:
+        tag = "HOLD" if r["granted"] else "WAIT"
+        age = r["state_age"] if r["granted"] else r["wait_time"]
+        tail = f"{r['application_name'] or ''} {r['query'] or ''}".strip()
+        line = (
+            f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{r['pid']:>7} {tag:<5}"
+            f"{_cut(r['state'], 10):<11}{_fmt_age(age):>7}  "
+        )
+        out.append(line + _cut(tail, max(10, width - len(line))))
+        if not r["granted"] and r["blocked_by"]:
+            out.append(f"{'':>28}`-- blocked by {', '.join(map(str, r['blocked_by']))}")
+    waits = _rows(
+        conn,
+        "SELECT pid, blocked_by, root_blocker, sessions_behind_root, locktype, namespace, "
+        "relation, wait_time FROM pglockkit.lock_waits ORDER BY root_blocker, pid",
+    )
+    out.extend(["", f"LOCK WAITS ({len(waits)})"])
+    for root in sorted({w["root_blocker"] for w in waits if w["root_blocker"] is not None}):
+        behind = [w for w in waits if w["root_blocker"] == root]
+        out.append(f"root pid {root}: {len(behind)} session(s) behind")
+        for w in behind:
+            what = w["namespace"] or w["relation"] or w["locktype"]
+            out.append(
+                f"  `-- pid {w['pid']} waits {_fmt_age(w['wait_time'])} on {_cut(what, 30)} "
+                f"(blocked by {', '.join(map(str, w['blocked_by']))})"
+            )
+    queues = _rows(
+        conn,
+        "SELECT queue, ready, scheduled, running, expired_leases, dead, oldest_ready_age, "
+        "done_last_minute FROM pglockkit.queue_stats ORDER BY queue",
+    )
+    out.extend(
+        [
+            "",
+            f"QUEUES ({len(queues)})",
+            f"{'QUEUE':<20}{'READY':>7}{'SCHED':>7}{'RUN':>6}{'EXPIRED':>8}{'DEAD':>6}{'LAG':>8}{'DONE/MIN':>9}",
+        ]
+    )
+    for q in queues:
+        out.append(
+            f"{_cut(q['queue'], 19):<20}{q['ready']:>7}{q['scheduled']:>7}{q['running']:>6}"
+            f"{q['expired_leases']:>8}{q['dead']:>6}{_fmt_age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
+        )
+    leases = _rows(
+        conn, "SELECT name, holder, token, live, expires_in FROM pglockkit.lease_status ORDER BY name"
+    )
+    out.extend(
+        [
+            "",
+            f"LEASES ({len(leases)})",
+            f"{'NAME':<24}{'HOLDER':<24}{'TOKEN':>8}  {'LIVE':<5}{'EXPIRES IN':>11}",
+        ]
+    )
+    for lease in leases:
+        out.append(
+            f"{_cut(lease['name'], 23):<24}{_cut(lease['holder'], 23):<24}{lease['token']:>8}  "
+            f"{'yes' if lease['live'] else 'no':<5}{_fmt_age(lease['expires_in']):>11}"
+        )
+    return "\n".join(_cut(line, width) if len(line) > width else line for line in out)
