@@ -154,6 +154,24 @@ def doctor(
             )
         )
 
+    for r in _rows(
+        conn,
+        "SELECT kind, holder, application_name, state, xmin_age, xact_age FROM pglockkit.xmin_horizon "
+        "WHERE xact_age >= %s OR (kind = 'replication slot' AND state = 'inactive') ORDER BY xmin_age DESC",
+        (lag_after,),
+    ):
+        findings.append(
+            Finding(
+                "warning",
+                "xmin horizon",
+                f"{r['kind']} {r['holder']} ({r['application_name'] or r['state'] or '?'}) holds the xmin "
+                f"horizon back by {r['xmin_age']} transactions"
+                + (f" for {_fmt_age(r['xact_age'])}" if r["xact_age"] is not None else ""),
+                "Vacuum cannot remove the queue's dead rows meanwhile: end that transaction, or drop "
+                "the unused slot (see pglockkit.table_health for the damage).",
+            )
+        )
+
     if conn.execute("SELECT current_setting('lock_timeout') = '0'").fetchone()[0]:
         findings.append(
             Finding(

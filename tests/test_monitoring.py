@@ -212,3 +212,40 @@ def test_top_once_shows_holder_waiter_and_chain(db, ns):
         holder.execute("SELECT pglockkit.unlock(%s, 'restock_plan')", (ns,))
         thread.join(5)
         waiter.close()
+
+
+def test_xmin_horizon_names_the_session_that_pins_vacuum(db):
+    with db.connect() as pinning:
+        pinning.execute("SET application_name = 'forgotten transaction'")
+        pinning.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pinning.execute("SELECT count(*) FROM pglockkit.jobs")  # takes a snapshot, then idles
+        db.conn.execute("SELECT pglockkit.enqueue_job('q')")  # advance the xid counter
+        rows = db.conn.execute(
+            "SELECT kind, holder, application_name, state FROM pglockkit.xmin_horizon ORDER BY xmin_age DESC"
+        ).fetchall()
+        assert (
+            "session",
+            str(pinning.info.backend_pid),
+            "forgotten transaction",
+            "idle in transaction",
+        ) in rows
+        out = _cli("doctor", "--dsn", db.dsn, "--lag-after", "0s")
+        assert f"xmin horizon: session {pinning.info.backend_pid} (forgotten transaction) holds" in out.stdout
+        pinning.execute("ROLLBACK")
+
+
+def test_table_health_counts_dead_rows_of_the_queue(db):
+    db.conn.execute("SELECT pglockkit.enqueue_jobs('q', array_agg('{}'::jsonb)) FROM generate_series(1, 200)")
+    db.conn.execute("DELETE FROM pglockkit.jobs")
+    db.conn.execute("SELECT pg_stat_force_next_flush()")
+    deadline = time.monotonic() + 5
+    while True:
+        db.conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = db.conn.execute(
+            "SELECT dead_rows, dead_ratio, total_bytes > 0 FROM pglockkit.table_health "
+            "WHERE table_name = 'jobs'"
+        ).fetchone()
+        if row[0] >= 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert row[0] >= 200 and row[1] > 0.5 and row[2]

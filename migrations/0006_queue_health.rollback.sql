@@ -1,0 +1,2 @@
+DROP VIEW pglockkit.xmin_horizon;
+DROP VIEW pglockkit.table_health;
