@@ -46,9 +46,9 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _duration(text: str) -> timedelta:
-    """'200ms', '2s', '1.5s', '5m', '1h', or plain seconds."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    for suffix in ("ms", "s", "m", "h"):
+    """'200ms', '2s', '1.5s', '5m', '1h', '7d', or plain seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    for suffix in ("ms", "s", "m", "h", "d"):
         if text.endswith(suffix):
             number, scale = text[: -len(suffix)], units[suffix]
             break
@@ -57,7 +57,7 @@ def _duration(text: str) -> timedelta:
     try:
         return timedelta(seconds=float(number) * scale)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 200ms, 2s, 5m)") from None
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 200ms, 2s, 5m, 7d)") from None
 
 
 def _fmt_duration(value: timedelta) -> str:
@@ -312,6 +312,21 @@ def cmd_top(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True, application_name="pglockkit sample") as conn:
+        taken = 0
+        try:
+            while args.count is None or taken < args.count:
+                if taken:
+                    time.sleep(args.every.total_seconds())
+                rows = conn.execute("SELECT pglockkit.sample(%s)", (args.retention,)).fetchone()[0]
+                taken += 1
+                print(f"sample {taken}: {rows} lock key(s) recorded", file=sys.stderr)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     text = render_bundle()
     target = Path(args.output)
@@ -474,6 +489,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="refresh (default 2)")
+    p = add(
+        "sample",
+        cmd_sample,
+        "record contention samples for contention_report (for servers without pg_cron)",
+        parents=[conn_opts],
+    )
+    p.add_argument(
+        "--every",
+        type=_duration,
+        default=timedelta(seconds=5),
+        metavar="DURATION",
+        help="interval between samples (default 5s)",
+    )
+    p.add_argument("--count", type=int, help="stop after this many samples (default: run until Ctrl-C)")
+    p.add_argument(
+        "--retention",
+        type=_duration,
+        default=timedelta(days=7),
+        metavar="DURATION",
+        help="delete samples older than this (default 7d)",
+    )
     p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
     p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")
     p.add_argument("--check", action="store_true", help="fail if the file is not current")

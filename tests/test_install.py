@@ -150,6 +150,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.release_lease(text,text,bigint)",
         "pglockkit.renew_lease(text,text,bigint,interval)",
         "pglockkit.retry_dead_jobs(text,bigint[])",
+        "pglockkit.sample(interval)",
         "pglockkit.start_run(text,text,text)",
     ]
 

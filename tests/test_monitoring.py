@@ -148,8 +148,18 @@ def test_monitoring_roles_can_read_and_others_cannot(server, db, ns):
         holder.execute("SELECT pglockkit.try_lock(%s, 'planted')", (ns,))
         for role in ("mon_only", "kit_only"):
             with psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True) as conn:
-                for view in ("advisory_locks", "lock_waits", "idle_lock_holders", "namespace_stats"):
+                for view in (
+                    "advisory_locks",
+                    "lock_waits",
+                    "idle_lock_holders",
+                    "namespace_stats",
+                    "table_health",
+                    "xmin_horizon",
+                    "lock_history",
+                    "queue_history",
+                ):
                     conn.execute(f"SELECT * FROM pglockkit.{view}").fetchall()
+                conn.execute("SELECT * FROM pglockkit.contention_report('1 hour')").fetchall()
                 rows = conn.execute("SELECT namespace, pid FROM pglockkit.advisory_locks").fetchall()
                 assert (ns, holder.info.backend_pid) in rows, role
         with psycopg.connect(make_conninfo(db.dsn, user="nobody"), autocommit=True) as conn:
@@ -249,3 +259,40 @@ def test_table_health_counts_dead_rows_of_the_queue(db):
             break
         time.sleep(0.1)
     assert row[0] >= 200 and row[1] > 0.5 and row[2]
+
+
+def test_contention_report_names_the_key_that_serialized_the_swarm(db, ns):
+    with db.connect() as holder:
+        holder.execute("SET application_name = 'slow refresh'")
+        holder.execute("SELECT pglockkit.try_lock(%s, 'shared-cache')", (ns,))
+        holder.execute("SELECT 'refresh the shared cache'")  # its last query, shown as the holder's
+        waiters = [
+            _blocked_waiter(db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'shared-cache'))", (ns,))
+            for _ in range(3)
+        ]
+        out = _cli("sample", "--dsn", db.dsn, "--every", "100ms", "--count", "2")
+        assert out.returncode == 0, out.stderr
+        row = db.conn.execute(
+            "SELECT key, samples, samples_with_waiters, max_waiters, holder_queries, namespace_sessions, "
+            "namespace_parallelism FROM pglockkit.contention_report('1 hour') WHERE namespace = %s",
+            (ns,),
+        ).fetchone()
+        assert row[0] == lock_key(namespace_id(ns), "shared-cache")
+        assert row[1:4] == (2, 2, 3)
+        assert row[4] == ["SELECT 'refresh the shared cache'"]
+        assert row[5] == 4 and float(row[6]) == 0.25  # four sessions, one of them working
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        for conn, thread in waiters:
+            thread.join(5)
+            conn.execute("SELECT pg_advisory_unlock_all()")
+            conn.close()
+    # Retention: a zero retention keeps only the newest sample's rows.
+    db.conn.execute("SELECT pglockkit.sample('0')")
+    assert db.conn.execute("SELECT count(DISTINCT sampled_at) FROM pglockkit.lock_samples").fetchone()[0] <= 1
+
+
+@pytest.mark.parametrize(("arg", "sqlstate"), [("NULL", "22004"), ("'-1 day'", "22023")])
+def test_sample_bad_input(db, arg, sqlstate):
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(f"SELECT pglockkit.sample({arg})")
+    assert err.value.sqlstate == sqlstate
