@@ -22,13 +22,18 @@ def run(*args: str, data) -> subprocess.CompletedProcess:
     )
 
 
+def up(data) -> tuple[str, str]:
+    """Run `pglockkit up`; returns (its output, the DSN it printed)."""
+    out = run("up", data=data)
+    assert out.returncode == 0, out.stderr
+    return out.stdout, re.search(r"^DSN:\s+(\S+)$", out.stdout, re.M).group(1)
+
+
 def test_up_installs_prints_dsn_and_down_stops(tmp_path):
     data = tmp_path / "pg"
-    up = run("up", data=data)
     try:
-        assert up.returncode == 0, up.stderr
-        dsn = re.search(r"^DSN:\s+(\S+)$", up.stdout, re.M).group(1)
-        assert re.search(r"^psql:\s+\S*psql '", up.stdout, re.M)
+        stdout, dsn = up(data)
+        assert re.search(r"^psql:\s+\S*psql '", stdout, re.M)
         with psycopg.connect(dsn) as conn:
             assert conn.info.server_version // 10000 == 18
             assert conn.execute("SELECT pglockkit.lock_key('pglockkit', 'x') > 0").fetchone()[0]
@@ -37,7 +42,7 @@ def test_up_installs_prints_dsn_and_down_stops(tmp_path):
             run("install", "--embedded", data=data).stdout.strip()
             == "pglockkit is up to date (nothing to apply)"
         )
-        assert run("up", data=data).returncode == 0
+        up(data)
     finally:
         down = run("down", data=data)
     assert down.returncode == 0 and "stopped" in down.stdout
@@ -47,10 +52,8 @@ def test_up_installs_prints_dsn_and_down_stops(tmp_path):
 
 def test_lease_tokens_keep_increasing_across_a_server_restart(tmp_path):
     data = tmp_path / "pg"
-    up = run("up", data=data)
     try:
-        assert up.returncode == 0, up.stderr
-        dsn = re.search(r"^DSN:\s+(\S+)$", up.stdout, re.M).group(1)
+        _, dsn = up(data)
         with psycopg.connect(dsn, autocommit=True) as conn:
             first = []
             for _ in range(3):  # each lease expires before the next acquisition
@@ -59,9 +62,7 @@ def test_lease_tokens_keep_increasing_across_a_server_restart(tmp_path):
                 )
                 time.sleep(0.02)
         assert run("down", data=data).returncode == 0
-        again = run("up", data=data)
-        assert again.returncode == 0, again.stderr
-        dsn = re.search(r"^DSN:\s+(\S+)$", again.stdout, re.M).group(1)
+        _, dsn = up(data)
         with psycopg.connect(dsn, autocommit=True) as conn:
             after = conn.execute("SELECT pglockkit.acquire_lease('restart', 'h2', '1 min')").fetchone()[0]
         assert first == [1, 2, 3] and after == 4

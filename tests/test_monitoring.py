@@ -29,21 +29,24 @@ def _wait_until(predicate, timeout=5.0):
         time.sleep(0.02)
 
 
+def _wait_until_blocked(db, pid):
+    _wait_until(
+        lambda: (
+            db.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
+            ).fetchone()[0]
+            == 1
+        )
+    )
+
+
 def _blocked_waiter(db, sql, params=()):
     """A connection that runs `sql` in a thread (it blocks); returns (conn, thread)."""
     conn = db.connect()
     conn.execute("SET application_name = 'planted waiter'")
     thread = threading.Thread(target=lambda: conn.execute(sql, params), daemon=True)
     thread.start()
-    _wait_until(
-        lambda: (
-            db.conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                (conn.info.backend_pid,),
-            ).fetchone()[0]
-            == 1
-        )
-    )
+    _wait_until_blocked(db, conn.info.backend_pid)
     return conn, thread
 
 
@@ -95,15 +98,7 @@ def test_chain_of_three_has_one_root_with_two_behind(db, ns):
             daemon=True,
         )
         thread_b.start()
-        _wait_until(
-            lambda: (
-                db.conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                    (b.info.backend_pid,),
-                ).fetchone()[0]
-                == 1
-            )
-        )
+        _wait_until_blocked(db, b.info.backend_pid)
         c, thread_c = _blocked_waiter(db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'k2'))", (ns,))
         rows = db.conn.execute(
             "SELECT pid, root_blocker, sessions_behind_root FROM pglockkit.lock_waits ORDER BY pid"
