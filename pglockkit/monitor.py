@@ -172,18 +172,57 @@ def doctor(
             )
         )
 
-    if conn.execute("SELECT current_setting('lock_timeout') = '0'").fetchone()[0]:
+    for r in _rows(conn, _ROLES_WITHOUT_LOCK_TIMEOUT):
         findings.append(
             Finding(
                 "info",
                 "lock_timeout",
-                "lock_timeout is 0 for this role and database: a blocked statement waits forever",
-                "ALTER ROLE <worker> SET lock_timeout = '5s'; or pass a timeout to pglockkit.xact_lock.",
+                f"role {r['role']} ({r['why']}) has no lock_timeout in this database: "
+                "a blocked statement of it waits forever",
+                f"ALTER ROLE {r['role']} IN DATABASE {conn.info.dbname} SET lock_timeout = '5s'; "
+                "or set a namespace default (register_namespace(..., lock_timeout => ...)).",
             )
         )
 
     findings.extend(_pooler_check(conn))
     return sorted(findings, key=lambda f: -f.rank())
+
+
+# Roles that take waiting locks (members of pglockkit_user, and roles holding or awaiting an advisory
+# lock now) whose effective lock_timeout here is 0. Precedence as at login: the role's setting in
+# this database, the role's own, the database's, then the server's.
+_ROLES_WITHOUT_LOCK_TIMEOUT = """
+WITH RECURSIVE members AS (
+    SELECT m.member FROM pg_catalog.pg_auth_members m
+      JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE g.rolname = 'pglockkit_user'
+    UNION
+    SELECT m.member FROM pg_catalog.pg_auth_members m JOIN members ON m.roleid = members.member
+), roles AS (
+    SELECT r.oid, r.rolname,
+           CASE WHEN r.oid IN (SELECT member FROM members) THEN 'member of pglockkit_user'
+                ELSE 'takes advisory locks now' END AS why
+      FROM pg_catalog.pg_roles r
+     WHERE r.rolcanlogin
+       AND (r.oid IN (SELECT member FROM members)
+            OR r.rolname IN (SELECT "user" FROM pglockkit.advisory_locks WHERE "user" IS NOT NULL))
+), setting AS (
+    SELECT s.setdatabase, s.setrole, substr(c, length('lock_timeout=') + 1) AS value
+      FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) c
+     WHERE c LIKE 'lock_timeout=%%'
+), here AS (
+    SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()
+)
+SELECT r.rolname AS role, r.why
+  FROM roles r
+ WHERE coalesce(
+         (SELECT value FROM setting, here WHERE setdatabase = here.oid AND setrole = r.oid),
+         (SELECT value FROM setting WHERE setdatabase = 0 AND setrole = r.oid),
+         (SELECT value FROM setting, here WHERE setdatabase = here.oid AND setrole = 0),
+         (SELECT reset_val FROM pg_catalog.pg_settings
+           WHERE name = 'lock_timeout' AND source NOT IN ('database', 'user', 'database user')),
+         '0') ~ '^\\s*0+\\s*[a-z]*\\s*$'
+ ORDER BY r.rolname
+"""
 
 
 def _pooler_check(conn: psycopg.Connection) -> list[Finding]:

@@ -291,3 +291,41 @@ def test_sample_bad_input(db, arg, sqlstate):
     with pytest.raises(psycopg.Error) as err:
         db.conn.execute(f"SELECT pglockkit.sample({arg})")
     assert err.value.sqlstate == sqlstate
+
+
+def _roles_named_for_lock_timeout(text: str) -> set[str]:
+    return {line.split()[3] for line in text.splitlines() if line.startswith("[INFO] lock_timeout: role ")}
+
+
+def test_doctor_names_worker_roles_without_lock_timeout(server, db):
+    dbname = db.conn.info.dbname
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role in ("lt_none", "lt_role", "lt_here", "lt_zero"):
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE pglockkit_user")
+        admin.execute("ALTER ROLE lt_role SET lock_timeout = '5s'")  # everywhere
+        admin.execute(
+            sql.SQL("ALTER ROLE lt_here IN DATABASE {} SET lock_timeout = 3000").format(
+                sql.Identifier(dbname)
+            )
+        )
+        # The database gives 5s to everyone, but this role's own setting wins at login: 0.
+        admin.execute(sql.SQL("ALTER DATABASE {} SET lock_timeout = '5s'").format(sql.Identifier(dbname)))
+        admin.execute("ALTER ROLE lt_zero SET lock_timeout = 0")
+        admin.execute("ALTER ROLE lt_none SET work_mem = '8MB'")  # a setting, but not this one
+    try:
+        out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+        assert out.returncode == 1, out.stdout + out.stderr
+        named = _roles_named_for_lock_timeout(out.stdout)
+        assert {"lt_zero"} <= named and not {"lt_role", "lt_here", "lt_none"} & named, out.stdout
+        assert "ALTER ROLE lt_zero IN DATABASE" in out.stdout
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET lock_timeout").format(sql.Identifier(dbname)))
+        out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+        named = _roles_named_for_lock_timeout(out.stdout)
+        assert {"lt_zero", "lt_none"} <= named and not {"lt_role", "lt_here"} & named, out.stdout
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            for role in ("lt_none", "lt_role", "lt_here", "lt_zero"):
+                admin.execute(f"DROP OWNED BY {role}")
+                admin.execute(f"DROP ROLE {role}")
