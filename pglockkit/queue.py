@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 from pglockkit.connection import connect
 from pglockkit.errors import translated
 from pglockkit.leases import default_holder
+from pglockkit.retry import backoff
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -172,6 +173,7 @@ class _Heartbeat:
         self.lost: set[int] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._dsn, self._app = dsn, application_name
         self._conn = connect(dsn, autocommit=True, application_name=application_name)
         self._thread = threading.Thread(target=self._run, name="pglockkit-heartbeat", daemon=True)
         self._thread.start()
@@ -184,6 +186,12 @@ class _Heartbeat:
         while not self._stop.wait(self.lease.total_seconds() / 3):
             with self._lock:
                 jobs = list(self.jobs)
+            if jobs and self._conn.closed:
+                try:  # the connection was lost (server restart, network): try again each tick
+                    self._conn = connect(self._dsn, autocommit=True, application_name=self._app)
+                except psycopg.OperationalError as exc:
+                    log.warning("heartbeat cannot reconnect: %s", exc)
+                    continue
             for job in jobs:
                 try:
                     # A job finished meanwhile is no longer watched: its failed extension is no loss.
@@ -215,6 +223,13 @@ class Worker:
     ``max_attempts``, then dead). SIGTERM/SIGINT (when ``run`` is called in the main thread)
     finish the job in hand, give back the rest of the batch, and return.
 
+    When a connection is lost after the worker has started (server restart, failover, network,
+    terminated backend), it reconnects with full-jitter exponential backoff (0.1 s doubling up to
+    ``reconnect_cap``), forever, so that a swarm does not reconnect in lockstep. The job in hand
+    is left to its lease: its transaction rolled back with the connection, and it is claimed
+    again once the lease expires. A first connection that fails raises at once (a wrong DSN is
+    not an outage).
+
     >>> def send(job, conn):  # doctest: +SKIP
     ...     conn.execute("INSERT INTO sent (job_id, email) VALUES (%s, %s)", (job.id, job.payload["to"]))
     >>> Worker(dsn, "emails", send, batch=10).run()  # doctest: +SKIP
@@ -230,6 +245,7 @@ class Worker:
         batch: int = 1,
         lease: float | timedelta = 60.0,
         poll_interval: float = 1.0,
+        reconnect_cap: float = 10.0,
     ):
         self.dsn = dsn
         self.queue = queue
@@ -238,7 +254,9 @@ class Worker:
         self.batch = batch
         self.lease = _seconds(lease)
         self.poll_interval = poll_interval
+        self.reconnect_cap = reconnect_cap
         self.processed = 0
+        self.reconnects = 0
         self._stopping = threading.Event()
 
     def stop(self) -> None:
@@ -249,31 +267,59 @@ class Worker:
         """Work until stopped (or ``max_jobs`` done, or the queue is empty with ``exit_when_idle``).
         Returns the number of jobs processed."""
         restore = self._install_signal_handlers()
-        app = f"pglockkit worker {self.queue}"
-        conn = connect(self.dsn, autocommit=True, application_name=app)
-        listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")
-        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        heartbeat = _Heartbeat(self.dsn, self.lease, f"{app} heartbeat")
+        self._connected_once = False
+        failures = 0
         try:
             while not self._stopping.is_set():
-                if max_jobs is not None and self.processed >= max_jobs:
+                try:
+                    self._session(max_jobs, exit_when_idle)
                     break
-                want = self.batch if max_jobs is None else min(self.batch, max_jobs - self.processed)
-                jobs = claim(conn, self.queue, self.name, lease=self.lease, batch=want)
-                if not jobs:
-                    if exit_when_idle:
-                        break
-                    self._wait(listener)
-                    continue
-                heartbeat.watch(jobs)
-                self._work(conn, jobs, heartbeat)
-                heartbeat.watch([])
+                except psycopg.OperationalError as exc:
+                    if not self._connected_once:
+                        raise
+                    if self._connected:
+                        failures = 0  # this session had connected: a new outage starts
+                    pause = backoff(failures, base=0.1, cap=self.reconnect_cap)
+                    failures += 1
+                    self.reconnects += 1
+                    log.warning(
+                        "connection lost (%s); reconnecting in %.2f s (attempt %d)",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                        pause,
+                        failures,
+                    )
+                    self._stopping.wait(pause)
         finally:
-            heartbeat.close()
-            listener.close()
-            conn.close()
             restore()
         return self.processed
+
+    def _session(self, max_jobs: int | None, exit_when_idle: bool) -> None:
+        """One connected stretch of the loop; raises OperationalError when a connection is lost."""
+        self._connected = False
+        app = f"pglockkit worker {self.queue}"
+        with (
+            connect(self.dsn, autocommit=True, application_name=app) as conn,
+            connect(self.dsn, autocommit=True, application_name=f"{app} listen") as listener,
+        ):
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            heartbeat = _Heartbeat(self.dsn, self.lease, f"{app} heartbeat")
+            self._connected = self._connected_once = True
+            try:
+                while not self._stopping.is_set():
+                    if max_jobs is not None and self.processed >= max_jobs:
+                        return
+                    want = self.batch if max_jobs is None else min(self.batch, max_jobs - self.processed)
+                    jobs = claim(conn, self.queue, self.name, lease=self.lease, batch=want)
+                    if not jobs:
+                        if exit_when_idle:
+                            return
+                        self._wait(listener)
+                        continue
+                    heartbeat.watch(jobs)
+                    self._work(conn, jobs, heartbeat)
+                    heartbeat.watch([])
+            finally:
+                heartbeat.close()
 
     def _work(self, conn: psycopg.Connection, jobs: list[Job], heartbeat: _Heartbeat) -> None:
         for i, job in enumerate(jobs):
@@ -303,6 +349,8 @@ class Worker:
             )
             return
         except Exception as exc:
+            if conn.closed:
+                raise  # the connection is gone, and the attempt with it: the lease hands the job back
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             status = fail(conn, job, error)
             log.info(

@@ -1,0 +1,136 @@
+"""Server faults: the test server is restarted (fast and immediate shutdown) under a working swarm.
+
+Workers run with ``synchronous_commit = on`` (the server default; the test servers turn it off
+for speed): the guarantees below are the ones a durable server gives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+import pglockkit
+from pglockkit import queue as q
+
+HERE = Path(__file__).resolve().parent
+
+
+def restart_server(request, server, mode: str) -> float:
+    """``pg_ctl restart -m MODE`` on the session's server (same port, same options); returns the
+    time it accepted connections again."""
+    proc = request.getfixturevalue(f"{server.name}_proc")
+    subprocess.run(
+        [proc.executable, "restart", "-D", proc.datadir, "-m", mode, "-w", "-t", "60"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=90,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with psycopg.connect(server.dsn(), connect_timeout=2):
+                return time.time()
+        except psycopg.OperationalError:
+            assert time.monotonic() < deadline, "server did not come back"
+            time.sleep(0.1)
+
+
+def _worker(dsn: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", "w"),
+            *("--handler", "queue_handlers:record", "--batch", "5", "--lease", "2s", "--poll", "0.2"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _count(conn, sql, params=()):
+    return conn.execute(sql, params).fetchone()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_workers_reconnect_after_a_restart_and_every_job_is_done_once(request, server, db, mode):
+    total = 1500
+    db.conn.execute(
+        "CREATE TABLE done_log (job_id bigint, token bigint, pid int,"
+        " at timestamptz DEFAULT clock_timestamp())"
+    )
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.004}] * total)
+    lease = pglockkit.acquire_lease(db.conn, "nightly", "pod-a", 1)
+    durable = make_conninfo(db.dsn, options="-c synchronous_commit=on")
+    workers = [_worker(durable) for _ in range(4)]
+    try:
+        with psycopg.connect(durable, autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            while _count(conn, "SELECT count(*) FROM done_log") < total // 4:
+                assert time.monotonic() < deadline, "workers did not start draining"
+                assert all(w.poll() is None for w in workers), "a worker exited before the restart"
+                time.sleep(0.05)
+            before_restart = _count(conn, "SELECT last_value FROM pglockkit.job_tokens")
+            restarted_at = restart_server(request, server, mode)
+
+        with psycopg.connect(durable, autocommit=True) as conn:
+            deadline = time.monotonic() + 120
+            while _count(conn, "SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'"):
+                assert time.monotonic() < deadline, "queue not drained after the restart"
+                assert all(w.poll() is None for w in workers), "a worker exited instead of reconnecting"
+                time.sleep(0.1)
+            # Every worker came back and worked on: each completed jobs after the restart.
+            pids_after = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT pid FROM done_log WHERE at > to_timestamp(%s)", (restarted_at,)
+                )
+            }
+            assert pids_after == {w.pid for w in workers}
+            recorded, distinct = conn.execute(
+                "SELECT count(*), count(DISTINCT job_id) FROM done_log"
+            ).fetchone()
+            assert recorded == distinct == total
+            assert not _count(
+                conn,
+                "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id"
+                " WHERE j.token <> d.token",
+            )
+            # No fencing token handed out before the restart is handed out again after it.
+            assert (
+                _count(
+                    conn,
+                    "SELECT min(token) FROM done_log WHERE at > to_timestamp(%s)",
+                    (restarted_at,),
+                )
+                > before_restart
+            )
+            time.sleep(1.1)  # the lease taken before the restart expires
+            again = pglockkit.acquire_lease(conn, "nightly", "pod-b", 1)
+            assert again > lease
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        outputs = []
+        for w in workers:
+            try:
+                outputs.append((w.wait(20), w.stderr.read()))
+            except subprocess.TimeoutExpired:
+                w.kill()
+                outputs.append((w.wait(), w.stderr.read()))
+    for code, err in outputs:
+        assert code == 0, err[-3000:]  # a graceful stop after SIGTERM
+        assert "connection lost" in err and "reconnecting in" in err, err[-3000:]
+    # The migration state is intact: nothing pending, and install is a no-op.
+    assert all(m.applied for m in pglockkit.status(db.dsn))
+    assert pglockkit.install(db.dsn) == []
