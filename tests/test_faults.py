@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,3 +135,59 @@ def test_workers_reconnect_after_a_restart_and_every_job_is_done_once(request, s
     # The migration state is intact: nothing pending, and install is a no-op.
     assert all(m.applied for m in pglockkit.status(db.dsn))
     assert pglockkit.install(db.dsn) == []
+
+
+@pytest.mark.slow
+def test_a_retry_storm_spreads_out_and_holds_one_connection_per_contender(db):
+    """32 contenders retry an xact_lock held for a second, with the library's backoff: their
+    retries do not fall into step (full jitter), and each keeps to its one connection."""
+    contenders, held_for = 32, 1.0
+    db.conn.execute("SELECT pglockkit.register_namespace('storm')")
+    starts: dict[int, list[float]] = {i: [] for i in range(contenders)}
+    won: dict[int, float] = {}
+    ready = threading.Barrier(contenders + 1)
+
+    def contend(i: int) -> None:
+        with db.connect(autocommit=False, application_name="storm contender") as conn:
+            ready.wait()
+
+            def attempt() -> None:
+                starts[i].append(time.monotonic())
+                with conn.transaction():
+                    pglockkit.xact_lock(conn, "storm", "hot", timeout=0.05)
+                won[i] = time.monotonic()
+
+            pglockkit.retry(attempt, attempts=30, base=0.05, cap=1.0)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for t in threads:
+        t.start()
+    seen_pids: set[int] = set()
+    most_at_once = 0
+    with db.connect(autocommit=False) as holder:
+        with holder.transaction():
+            pglockkit.xact_lock(holder, "storm", "hot")
+            ready.wait()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < held_for:
+                pids = {
+                    r[0]
+                    for r in db.conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = 'storm contender'"
+                    )
+                }
+                seen_pids |= pids
+                most_at_once = max(most_at_once, len(pids))
+                time.sleep(0.05)
+    for t in threads:
+        t.join(60)
+    assert len(won) == contenders  # everyone got the lock in the end
+    # One connection each, the whole time: retries reuse it, nothing piles up.
+    assert most_at_once == contenders and len(seen_pids) == contenders
+    # While the lock was held, every contender's k-th attempt is spread out in time: with no
+    # jitter, all 32 would time out and retry within a few ms of each other.
+    for k in (2, 3, 4):
+        at = sorted(s[k] - t0 for s in starts.values() if len(s) > k and s[k] - t0 < held_for)
+        assert len(at) >= contenders // 2, (k, at)
+        q1, q3 = at[len(at) // 4], at[3 * len(at) // 4]
+        assert q3 - q1 > 0.03, f"attempt {k + 1} starts bunched: {[round(x, 3) for x in at]}"
