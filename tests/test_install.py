@@ -106,6 +106,15 @@ def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db)
     assert _objects(empty_db) == []
 
 
+# Functions that change what every worker works with, or delete history: pglockkit_admin only.
+ADMIN_ONLY = {
+    "pglockkit.register_namespace",
+    "pglockkit.prune_jobs",
+    "pglockkit.retry_dead_jobs",
+    "pglockkit.sample",
+}
+
+
 def test_functions_pin_search_path_have_comments_and_are_not_public(db):
     rows = db.conn.execute(
         """SELECT p.oid::regprocedure::text, p.proconfig, obj_description(p.oid, 'pg_proc'),
@@ -128,7 +137,9 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
             assert config and any(c.startswith("search_path=pg_catalog") for c in config), sig
         assert comment, f"{sig} has no COMMENT"
         assert not re.search(r"(^|[{,])=X", acl), f"{sig} is executable by PUBLIC: {acl}"
-        if not sig.startswith("pglockkit._grant_privileges"):
+        if sig.split("(")[0] in ADMIN_ONLY:
+            assert "pglockkit_admin=X" in acl and "pglockkit_user=X" not in acl, f"{sig}: {acl}"
+        elif not sig.startswith("pglockkit._grant_privileges"):
             assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
     definers = sorted(sig for sig, *_, secdef in rows if secdef)
     # The functions that write the kit's tables, and no others.

@@ -1,0 +1,139 @@
+"""Least privilege: workers (pglockkit_user) work only through the functions, cannot take over
+another worker's job or lease, and cannot change the registry or delete history; operators
+(pglockkit_admin) can."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import errors
+from psycopg.conninfo import make_conninfo
+
+ROLES = {"worker_a": "pglockkit_user", "worker_b": "pglockkit_user", "ops": "pglockkit_admin"}
+
+
+@pytest.fixture
+def as_role(server, db):
+    """Login roles: two workers (pglockkit_user) and an operator (pglockkit_admin); returns a
+    function that opens an autocommit connection as one of them."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role, group in ROLES.items():
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+    opened = []
+
+    def connect(role: str) -> psycopg.Connection:
+        conn = psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True)
+        opened.append(conn)
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role in ROLES:
+            admin.execute(f"DROP ROLE {role}")
+
+
+def test_install_creates_the_admin_role_inside_the_user_role(db):
+    assert db.conn.execute("SELECT pg_has_role('pglockkit_admin', 'pglockkit_user', 'MEMBER')").fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE pglockkit.jobs SET status = 'done'",
+        "SELECT payload FROM pglockkit.jobs",
+        "DELETE FROM pglockkit.leases",
+        "INSERT INTO pglockkit.namespaces (id, name) VALUES (999, 'mine')",
+        "UPDATE pglockkit.runs SET status = 'done'",
+        "SELECT setval('pglockkit.job_tokens', 1)",
+    ],
+)
+def test_a_worker_cannot_touch_the_tables(db, as_role, statement):
+    db.conn.execute("SELECT pglockkit.enqueue_job('q', '{\"secret\": 1}')")
+    before = db.conn.execute("SELECT status, token FROM pglockkit.jobs").fetchall()
+    with pytest.raises(errors.InsufficientPrivilege):
+        as_role("worker_a").execute(statement)
+    assert db.conn.execute("SELECT status, token FROM pglockkit.jobs").fetchall() == before
+
+
+def test_a_worker_cannot_complete_or_fail_a_job_it_did_not_claim(db, as_role):
+    a, b = as_role("worker_a"), as_role("worker_b")
+    job = a.execute("SELECT pglockkit.enqueue_job('q')").fetchone()[0]
+    claimed = a.execute("SELECT id, token FROM pglockkit.claim_job('q', 'worker_a', '1 minute')").fetchone()
+    assert claimed[0] == job
+    token = claimed[1]
+    for guess in (token - 1, token + 1, 0):
+        assert b.execute("SELECT pglockkit.complete_job(%s, %s)", (job, guess)).fetchone()[0] is False
+        assert b.execute("SELECT pglockkit.fail_job(%s, %s, 'hijack')", (job, guess)).fetchone()[0] == "stale"
+        assert b.execute("SELECT pglockkit.extend_job(%s, %s, '1 hour')", (job, guess)).fetchone()[0] is False
+        assert b.execute("SELECT pglockkit.release_job(%s, %s)", (job, guess)).fetchone()[0] is False
+    row = db.conn.execute("SELECT status, token, attempt, last_error FROM pglockkit.jobs").fetchone()
+    assert row == ("running", token, 1, None)
+    assert a.execute("SELECT pglockkit.complete_job(%s, %s)", (job, token)).fetchone()[0] is True
+
+
+def test_a_worker_cannot_renew_release_or_take_another_holders_lease(db, as_role):
+    a, b = as_role("worker_a"), as_role("worker_b")
+    token = a.execute("SELECT pglockkit.acquire_lease('refresh', 'worker_a', '1 minute')").fetchone()[0]
+    assert (
+        b.execute("SELECT pglockkit.acquire_lease('refresh', 'worker_b', '1 minute')").fetchone()[0] is None
+    )
+    assert (
+        b.execute("SELECT pglockkit.renew_lease('refresh', 'worker_b', %s, '1 hour')", (token,)).fetchone()[0]
+        is False
+    )
+    assert (
+        b.execute("SELECT pglockkit.release_lease('refresh', 'worker_b', %s)", (token,)).fetchone()[0]
+        is False
+    )
+    with pytest.raises(psycopg.Error) as stale:
+        b.execute("SELECT pglockkit.check_fence('refresh', %s)", (token - 1,))
+    assert stale.value.sqlstate == "PK001"
+    row = db.conn.execute(
+        "SELECT holder, token, released_at FROM pglockkit.leases WHERE name = 'refresh'"
+    ).fetchone()
+    assert row == ("worker_a", token, None)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "pglockkit.register_namespace('mine')",
+        "pglockkit.prune_jobs('0 s')",
+        "pglockkit.retry_dead_jobs('q')",
+        "pglockkit.sample('0 s')",
+    ],
+)
+def test_only_the_admin_role_changes_the_registry_or_deletes_history(db, as_role, call):
+    with pytest.raises(errors.InsufficientPrivilege):
+        as_role("worker_a").execute(f"SELECT {call}")
+    as_role("ops").execute(f"SELECT {call}")  # granted
+
+
+def test_the_admin_role_can_do_what_workers_do(db, as_role):
+    ops = as_role("ops")
+    ops.execute("SELECT pglockkit.register_namespace('billing')")
+    assert ops.execute("SELECT pglockkit.try_lock('billing', 'invoice:1')").fetchone()[0] is True
+    job = ops.execute("SELECT pglockkit.enqueue_job('q')").fetchone()[0]
+    assert ops.execute("SELECT id FROM pglockkit.claim_job('q', 'ops')").fetchone()[0] == job
+
+
+def test_monitoring_alone_cannot_call_the_functions_that_write(server, db):
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS watcher")
+        admin.execute("CREATE ROLE watcher LOGIN IN ROLE pg_monitor")
+    try:
+        with psycopg.connect(make_conninfo(db.dsn, user="watcher"), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pglockkit.queue_stats").fetchone()[0] == 0
+            for call in (
+                "pglockkit.enqueue_job('q')",
+                "pglockkit.claim_job('q', 'w')",
+                "pglockkit.try_lock('x', 1)",
+            ):
+                with pytest.raises(errors.InsufficientPrivilege):
+                    conn.execute(f"SELECT {call}")
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute("DROP ROLE watcher")
