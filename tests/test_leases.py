@@ -3,13 +3,13 @@ clock, fencing of a stale writer, session-bound leases, the self-renewing Python
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from datetime import timedelta
 
 import psycopg
 import pytest
+from scenarios import lease_contenders
 
 import pglockkit
 from pglockkit import Lease, acquire_lease, check_fence, release_lease, renew_lease
@@ -136,51 +136,11 @@ def test_ttl_only_lease_survives_its_backend(db):
 
 def test_sixteen_contenders_never_overlap(db):
     """Mutual exclusion over time: holders' recorded intervals never overlap (checked in SQL)."""
-    db.conn.execute("CREATE TABLE intervals (token bigint, holder text, s timestamptz, e timestamptz)")
-    stop_at = time.monotonic() + 3
-    errors = []
-
-    def contender(i):
-        rng = random.Random(i)
-        holder = f"c{i}"
-        try:
-            with db.connect() as conn:
-                while time.monotonic() < stop_at:
-                    token = acquire_lease(conn, "exclusive", holder, 5)
-                    if token is None:
-                        time.sleep(rng.uniform(0, 0.003))
-                        continue
-                    with conn.transaction():
-                        check_fence(conn, "exclusive", token)
-                        conn.execute(
-                            "INSERT INTO intervals VALUES (%s, %s, clock_timestamp(), NULL)", (token, holder)
-                        )
-                    time.sleep(rng.uniform(0, 0.005))
-                    with conn.transaction():
-                        check_fence(conn, "exclusive", token)
-                        conn.execute("UPDATE intervals SET e = clock_timestamp() WHERE token = %s", (token,))
-                    assert release_lease(conn, "exclusive", holder, token)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=contender, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    n, open_, holders = db.conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE e IS NULL), count(DISTINCT holder) FROM intervals"
-    ).fetchone()
-    assert n >= 50 and open_ == 0 and holders >= 8
-    overlaps = db.conn.execute(
-        """SELECT count(*) FROM intervals a JOIN intervals b
-             ON a.token < b.token AND tstzrange(a.s, a.e) && tstzrange(b.s, b.e)"""
-    ).fetchone()[0]
-    assert overlaps == 0
-    # Tokens were handed out in time order: 1, 2, 3, ... without gaps.
-    tokens = [r[0] for r in db.conn.execute("SELECT token FROM intervals ORDER BY s")]
-    assert tokens == list(range(1, n + 1))
+    stats = lease_contenders(db.connect, db.conn, contenders=16, seconds=3)
+    assert stats["errors"] == []
+    assert stats["intervals"] >= 50 and stats["open"] == 0 and stats["holders"] >= 8
+    assert stats["overlaps"] == 0
+    assert stats["tokens_in_order"]  # handed out in time order: 1, 2, 3, ... without gaps
 
 
 @pytest.mark.parametrize(

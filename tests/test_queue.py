@@ -4,24 +4,18 @@ steps over several connections, and exactly-once completion while workers are SI
 from __future__ import annotations
 
 import logging
-import os
-import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from scenarios import exactly_once_under_sigkill, worker_proc
 
 import pglockkit
 from pglockkit import queue as q
-
-HERE = Path(__file__).resolve().parent
 
 
 def _status(conn, job_id):
@@ -377,26 +371,7 @@ def test_worker_heartbeat_in_a_batch_keeps_claims_and_reports_no_false_loss(done
 
 
 def _worker_proc(db, *extra):
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pglockkit.cli",
-            "work",
-            "--dsn",
-            db.dsn,
-            "--queue",
-            "w",
-            "--handler",
-            "queue_handlers:record",
-            *extra,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return worker_proc(db.dsn, *extra)
 
 
 def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log):
@@ -425,34 +400,12 @@ def test_exactly_once_while_workers_are_sigkilled(done_log):
     """8 worker processes drain 5,000 jobs while a random one is SIGKILLed every few hundred ms
     and replaced. Every job ends done, recorded exactly once, with the token of its final claim."""
     db = done_log
-    total = 5000
-    q.enqueue_many(db.conn, "w", [{}] * total)
-    rng = random.Random(7)
-    workers = [_worker_proc(db, "--batch", "5", "--lease", "1s", "--poll", "0.2") for _ in range(8)]
-    kills = 0
-    deadline = time.monotonic() + 240
-    try:
-        while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
-            assert time.monotonic() < deadline, "queue not drained in time"
-            time.sleep(rng.uniform(0.2, 0.5))
-            victim = rng.randrange(len(workers))
-            workers[victim].kill()  # SIGKILL: no cleanup, claims left behind
-            workers[victim].wait()
-            kills += 1
-            workers[victim] = _worker_proc(db, "--batch", "5", "--lease", "1s", "--poll", "0.2")
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait()
-    assert kills >= 5
-    recorded, distinct = db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone()
-    assert recorded == distinct == total
-    mismatched = db.conn.execute(
-        "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id WHERE j.token <> d.token"
-    ).fetchone()[0]
-    assert mismatched == 0
-    reclaimed = db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE attempt > 1").fetchone()[0]
-    assert reclaimed > 0  # the kills really left claims behind that were taken over
+    stats = exactly_once_under_sigkill(db.conn, db.dsn, total=5000, workers=8)
+    assert stats["kills"] >= 5
+    assert stats["crashes"] == []
+    assert stats["recorded"] == stats["distinct"] == 5000
+    assert stats["mismatched"] == 0
+    assert stats["reclaimed"] > 0  # the kills really left claims behind that were taken over
 
 
 def test_jsonb_payload_round_trip(db):

@@ -1,0 +1,162 @@
+"""Concurrency scenarios shared by tests that run them directly and through PgBouncer.
+
+Each takes a DSN (or a connect function) to drive the load through, and a direct connection to
+check the result on; it returns what it measured, and the test asserts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from pglockkit import acquire_lease, check_fence, release_lease
+from pglockkit import queue as q
+
+HERE = Path(__file__).resolve().parent
+
+
+def worker_proc(dsn: str, *extra: str) -> subprocess.Popen:
+    """A ``pglockkit work`` process on queue ``w`` that records each job in ``done_log``."""
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pglockkit.cli",
+            "work",
+            "--dsn",
+            dsn,
+            "--queue",
+            "w",
+            "--handler",
+            "queue_handlers:record",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def exactly_once_under_sigkill(
+    conn: psycopg.Connection,
+    worker_dsn: str,
+    *,
+    total: int,
+    workers: int,
+    seed: int = 7,
+    timeout: float = 240,
+) -> dict[str, object]:
+    """Enqueue ``total`` jobs on queue ``w`` (``conn`` needs table ``done_log``), drain them with
+    ``workers`` worker processes on ``worker_dsn`` while a random one is SIGKILLed every 0.2-0.5 s
+    and replaced. Returns kills, the stderr of workers that exited by themselves (``crashes``),
+    recorded and distinct done_log rows, rows whose token is not the job's final one, and jobs
+    that were reclaimed."""
+    q.enqueue_many(conn, "w", [{}] * total)
+    rng = random.Random(seed)
+    args = ("--batch", "5", "--lease", "1s", "--poll", "0.2")
+    procs = [worker_proc(worker_dsn, *args) for _ in range(workers)]
+    kills = 0
+    crashes: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise AssertionError("queue not drained in time")
+            time.sleep(rng.uniform(0.2, 0.5))
+            for i, p in enumerate(procs):
+                if p.poll() is not None:  # exited by itself: a worker bug, not a kill
+                    crashes.append(f"exit {p.returncode}: {p.stderr.read()[-2000:]}")
+                    p.stderr.close()
+                    procs[i] = worker_proc(worker_dsn, *args)
+            victim = rng.randrange(len(procs))
+            procs[victim].kill()  # SIGKILL: no cleanup, claims left behind
+            procs[victim].wait()
+            kills += 1
+            procs[victim] = worker_proc(worker_dsn, *args)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stderr.close()
+    recorded, distinct = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone()
+    mismatched = conn.execute(
+        "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id WHERE j.token <> d.token"
+    ).fetchone()[0]
+    reclaimed = conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE attempt > 1").fetchone()[0]
+    return {
+        "kills": kills,
+        "crashes": crashes,
+        "recorded": recorded,
+        "distinct": distinct,
+        "mismatched": mismatched,
+        "reclaimed": reclaimed,
+    }
+
+
+def lease_contenders(
+    connect: Callable[[], psycopg.Connection], conn: psycopg.Connection, *, contenders: int, seconds: float
+) -> dict[str, object]:
+    """``contenders`` threads, each on a connection from ``connect()``, take lease ``exclusive``
+    in turn for ``seconds`` and record their holding intervals (fenced writes) in table
+    ``intervals``, created here on ``conn``. Returns the thread errors, the number of intervals,
+    open ones, distinct holders, overlapping pairs (checked in SQL), and whether tokens were handed
+    out in time order without gaps."""
+    conn.execute("CREATE TABLE intervals (token bigint, holder text, s timestamptz, e timestamptz)")
+    stop_at = time.monotonic() + seconds
+    errors: list[BaseException] = []
+
+    def contender(i: int) -> None:
+        rng = random.Random(i)
+        holder = f"c{i}"
+        try:
+            with connect() as c:
+                while time.monotonic() < stop_at:
+                    token = acquire_lease(c, "exclusive", holder, 5)
+                    if token is None:
+                        time.sleep(rng.uniform(0, 0.003))
+                        continue
+                    with c.transaction():
+                        check_fence(c, "exclusive", token)
+                        c.execute(
+                            "INSERT INTO intervals VALUES (%s, %s, clock_timestamp(), NULL)", (token, holder)
+                        )
+                    time.sleep(rng.uniform(0, 0.005))
+                    with c.transaction():
+                        check_fence(c, "exclusive", token)
+                        c.execute("UPDATE intervals SET e = clock_timestamp() WHERE token = %s", (token,))
+                    if not release_lease(c, "exclusive", holder, token):
+                        raise AssertionError(f"{holder} could not release token {token}")
+        except Exception as exc:  # reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(contenders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    n, open_, holders = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE e IS NULL), count(DISTINCT holder) FROM intervals"
+    ).fetchone()
+    overlaps = conn.execute(
+        """SELECT count(*) FROM intervals a JOIN intervals b
+             ON a.token < b.token AND tstzrange(a.s, a.e) && tstzrange(b.s, b.e)"""
+    ).fetchone()[0]
+    tokens = [r[0] for r in conn.execute("SELECT token FROM intervals ORDER BY s")]
+    return {
+        "errors": errors,
+        "intervals": n,
+        "open": open_,
+        "holders": holders,
+        "overlaps": overlaps,
+        "tokens_in_order": tokens == list(range(1, n + 1)),
+    }
