@@ -38,7 +38,14 @@ def resolve_dsn(dsn: str | None = None, *, embedded: bool = False, data_dir: str
 def connect(
     dsn: str = "", *, autocommit: bool = False, application_name: str | None = None, **kwargs: Any
 ) -> psycopg.Connection:
-    """A psycopg connection with TCP keepalives on (ignored for Unix sockets)."""
+    """A psycopg connection with TCP keepalives on (ignored for Unix sockets).
+
+    Client-side prepared statements are off (``prepare_threshold=None``): psycopg prepares a
+    query after its 5th run, and PgBouncer before 1.21 in transaction mode sends the next run to
+    another server session, where it fails ("prepared statement ... does not exist / already
+    exists"). The kit's calls are one-line function calls whose plans the server caches anyway.
+    """
+    kwargs.setdefault("prepare_threshold", None)
     params: dict[str, Any] = dict(KEEPALIVES)
     if application_name:
         params["application_name"] = application_name
