@@ -50,6 +50,19 @@ class StaleToken(PglockkitError):
     sqlstate = "PK001"
 
 
+class PoolerDetected(PglockkitError):
+    """A session lock was asked for through a connection pooler or proxy (client-side, no SQLSTATE).
+
+    The server pid in the protocol's BackendKeyData (``conn.info.backend_pid``) differs from
+    ``pg_backend_pid()``: something between client and server answered the startup itself, as
+    PgBouncer does in every pool mode. ``client_pid`` and ``server_pid`` are the two pids."""
+
+    def __init__(self, message: str, *, client_pid: int, server_pid: int):
+        super().__init__(message)
+        self.client_pid = client_pid
+        self.server_pid = server_pid
+
+
 class RetryableError(PglockkitError):
     """A failure that a retry of the whole transaction can cure."""
 

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from pglockkit.connection import connect
-from pglockkit.errors import LockTimeout, translated
+from pglockkit.errors import LockTimeout, PoolerDetected, translated
 
 log = logging.getLogger("pglockkit.locks")
 
@@ -166,12 +166,17 @@ def sole_writer(
     session keeps the lock after you return it) with TCP keepalives, and is released on exit, or
     by the server when this process dies.
 
+    ``dsn`` must reach PostgreSQL directly. Through a pooler or proxy such as PgBouncer, in
+    transaction mode and in session mode alike, this raises ``PoolerDetected`` before any lock is
+    taken: the pid the connection reported at startup is not the server's ``pg_backend_pid()``.
+
     >>> with sole_writer(dsn, "graphs", "restock_plan") as mine:  # doctest: +SKIP
     ...     if mine:
     ...         graph.invoke(state)
     """
     conn = connect(dsn, autocommit=True, application_name=application_name or f"pglockkit sole_writer {ns}")
     try:
+        _refuse_pooler(conn)
         started = time.monotonic()
         with translated():
             key, got = conn.execute(
@@ -199,6 +204,24 @@ def sole_writer(
                 _release(conn, ns, resource, key, acquired_at)
     finally:
         conn.close()
+
+
+def _refuse_pooler(conn: psycopg.Connection) -> None:
+    """Raise ``PoolerDetected`` unless ``conn`` reaches the server directly.
+
+    PostgreSQL's BackendKeyData carries the pid of the backend serving the connection; a pooler
+    (PgBouncer) or proxy answers the startup itself with a key of its own, so the pid differs."""
+    client_pid = conn.info.backend_pid
+    server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    if client_pid != server_pid:
+        raise PoolerDetected(
+            "sole_writer needs a direct connection to PostgreSQL, but a connection pooler or proxy "
+            f"was detected (client-side pid {client_pid}, server pid {server_pid}): a session lock "
+            "taken through it can stay on a server session that serves other clients. Pass a DSN "
+            "that reaches PostgreSQL directly (not PgBouncer), or use xact_lock inside a transaction.",
+            client_pid=client_pid,
+            server_pid=server_pid,
+        )
 
 
 def _release(conn: psycopg.Connection, ns: str, resource: str | int, key: int, acquired_at: float) -> None:
