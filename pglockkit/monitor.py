@@ -6,11 +6,15 @@ formats what it reads.
 
 from __future__ import annotations
 
+import select
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 SEVERITIES = ("info", "warning", "error")
@@ -227,23 +231,88 @@ SELECT r.rolname AS role, r.why
 
 def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
     """Behind a transaction-mode pooler, consecutive transactions of one client connection can run
-    on different server sessions, and session locks break silently."""
-    pids = set()
+    on different server sessions, and session locks break silently.
+
+    A direct connection's startup pid (BackendKeyData) is its server's ``pg_backend_pid()``; a
+    pooler or proxy (PgBouncer) hands out a pid of its own. Only then is the pool mode probed:
+    a second client connection runs one statement while this one is idle between transactions.
+    In transaction mode it gets this connection's last server session (PgBouncer reuses the most
+    recently released one), or this connection moves to another one while the probe holds it.
+    In session mode the server session stays with this connection."""
+    server_pids = set()
     for _ in range(4):
         with conn.transaction():
-            pids.add(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
-    if len(pids) > 1:
+            server_pids.add(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+    client_pid = conn.info.backend_pid
+    if len(server_pids) == 1 and client_pid in server_pids:
+        return []  # a direct connection
+    last = next(iter(server_pids))
+    shared = False
+    if len(server_pids) == 1:
+        probe_pid, moved_to = _probe(conn, last)
+        shared = probe_pid == last
+        if moved_to is not None:
+            server_pids.add(moved_to)
+    if shared or len(server_pids) > 1:
+        evidence = (
+            f"another client connection ran on its server session {last}"
+            if shared
+            else f"it ran on {len(server_pids)} server sessions {sorted(server_pids)}"
+        )
         return [
             Finding(
                 "error",
                 "transaction-mode pooler",
-                f"one client connection ran its transactions on {len(pids)} server sessions {sorted(pids)}",
+                f"a pooler hands this client connection's server session to others (client-side pid "
+                f"{client_pid}): {evidence}",
                 "Session locks (try_lock, sole_writer, bound leases, start_run) are unsafe here: "
                 "connect them directly to PostgreSQL, or use xact_lock / the queue / leases "
                 "without binding.",
             )
         ]
-    return []
+    return [
+        Finding(
+            "info",
+            "connection pooler",
+            f"a pooler or proxy sits between this connection and the server (client-side pid "
+            f"{client_pid}, server pid {last}), and kept it on one server session (session pooling?)",
+            "sole_writer refuses pooled connections: give it a DSN that reaches PostgreSQL directly. "
+            "Session locks left by a client that disconnects stay on the server session unless the "
+            "pooler's server_reset_query (DISCARD ALL) runs.",
+        )
+    ]
+
+
+def _probe(conn: psycopg.Connection, last: int, wait: float = 2.0) -> tuple[int | None, int | None]:
+    """A second connection with ``conn``'s parameters opens a transaction while ``conn`` is idle;
+    then ``conn`` runs one statement while that transaction stays open. Returns the probe's server
+    pid and, if that is not ``last``, ``conn``'s server pid meanwhile. (None, None) if the probe
+    gets no server session within ``wait`` seconds (a full session pool)."""
+    params = {o.keyword.decode(): o.val.decode() for o in conn.pgconn.info if o.val is not None}
+    params.update(application_name="pglockkit doctor probe", connect_timeout=str(max(2, round(wait))))
+    with psycopg.connect(make_conninfo(**params), autocommit=True, prepare_threshold=None) as probe:
+        pgconn = probe.pgconn
+        pgconn.send_query(b"BEGIN; SELECT pg_backend_pid()")
+        deadline = time.monotonic() + wait
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                probe.close()  # abandons the queued query
+                return None, None
+            select.select([pgconn.socket], [], [], remaining)
+        probe_pid = None
+        while (result := pgconn.get_result()) is not None:
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                probe_pid = int(result.get_value(0, 0))
+        moved_to = None
+        if probe_pid is not None and probe_pid != last:
+            with conn.transaction():
+                moved_to = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        probe.execute("ROLLBACK")
+        return probe_pid, moved_to
 
 
 def render_findings(findings: list[Finding]) -> str:
