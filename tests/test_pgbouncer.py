@@ -1,0 +1,314 @@
+"""pglockkit through a real PgBouncer (Debian's 1.18), in transaction and session pooling.
+
+What works through transaction pooling: transaction locks, the queue (exactly once under SIGKILL),
+leases. What is refused: ``sole_writer`` (any pool mode). What cannot be refused and leaks: plain
+SQL session locks (``try_lock``), shown here as the hazard the README warns about. Through session
+pooling session locks work per client connection; on disconnect, the default ``server_reset_query``
+(``DISCARD ALL``) releases them, and an empty one leaks them to the next client.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from pgbouncer import PgBouncer
+from scenarios import exactly_once_under_sigkill, lease_contenders
+
+import pglockkit
+from pglockkit import monitor
+
+NS = "bouncer"
+
+
+@pytest.fixture
+def bouncer(db) -> Iterator[Callable[..., PgBouncer]]:
+    """Start PgBouncers in front of ``db``; stopped at teardown, their logs printed (shown on failure)."""
+    db.conn.execute("SELECT pglockkit.register_namespace(%s)", (NS,))
+    started: list[PgBouncer] = []
+
+    def start(pool_mode: str = "transaction", **settings: str | int) -> PgBouncer:
+        started.append(PgBouncer(db.dsn, pool_mode=pool_mode, **settings))
+        return started[-1]
+
+    yield start
+    for b in started:
+        b.stop()
+        print(f"--- pgbouncer {b.pool_mode} log ---\n{b.log()}")
+        b.cleanup()
+
+
+def _server_pid(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def _held(db) -> list[tuple]:
+    """Advisory locks granted now, seen on a direct connection: (namespace, pid, state)."""
+    return db.conn.execute(
+        "SELECT namespace, pid, state FROM pglockkit.advisory_locks WHERE granted ORDER BY pid"
+    ).fetchall()
+
+
+def _idle_holders(db) -> list[tuple]:
+    return db.conn.execute("SELECT namespace, pid FROM pglockkit.idle_lock_holders ORDER BY pid").fetchall()
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# --- the signal: PgBouncer answers the startup with a BackendKeyData of its own -------------------
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "session"])
+def test_startup_pid_differs_from_the_server_pid_through_pgbouncer(db, bouncer, pool_mode):
+    b = bouncer(pool_mode)
+    with db.connect() as direct:
+        assert direct.info.backend_pid == _server_pid(direct)
+    with b.connect() as pooled:
+        server_pid = _server_pid(pooled)
+        assert pooled.info.backend_pid != server_pid
+        # The server pid is a real backend of this database; the client-side one is PgBouncer's.
+        activity = db.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        pids = {r[0] for r in activity}
+        assert server_pid in pids and pooled.info.backend_pid not in pids
+
+
+# --- transaction pooling: what works ---------------------------------------------------------------
+
+
+def test_xact_locks_through_transaction_pooling(db, bouncer):
+    b = bouncer("transaction", pool_size=4)
+    with b.connect() as a, b.connect() as other:
+        with a.transaction():
+            key = pglockkit.xact_lock(a, NS, "invoice:7", timeout=1)
+            holder = _server_pid(a)
+            assert _held(db) == [(NS, holder, "idle in transaction")]
+            with other.transaction():
+                assert not pglockkit.try_xact_lock(other, NS, "invoice:7")
+            started = time.monotonic()
+            with pytest.raises(pglockkit.LockTimeout) as err, other.transaction():
+                pglockkit.xact_lock(other, NS, "invoice:7", timeout=0.3)
+            waited = time.monotonic() - started
+            assert err.value.sqlstate == "55P03" and 0.25 <= waited < 3
+            assert other.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # rolled back
+        assert _held(db) == []  # released at commit
+        with other.transaction():
+            assert pglockkit.xact_lock(other, NS, "invoice:7", timeout=1) == key
+            assert pglockkit.try_xact_lock(other, NS, "other")
+
+
+def test_one_of_three_pooled_clients_wins_a_try_xact_lock(db, bouncer):
+    b = bouncer("transaction", pool_size=4)
+    barrier = threading.Barrier(3)
+    results: list[bool] = []
+
+    def client() -> None:
+        with b.connect() as conn, conn.transaction():
+            barrier.wait(5)
+            results.append(pglockkit.try_xact_lock(conn, NS, "nightly"))
+            barrier.wait(5)  # everyone has tried while the winner still holds it
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sorted(results) == [False, False, True]
+    assert _held(db) == []
+
+
+def test_queue_exactly_once_through_transaction_pooling(db, bouncer):
+    """4 ``pglockkit work`` processes on the pooler's DSN drain 1,000 jobs while a random one is
+    SIGKILLed every few hundred ms: every job done, recorded once, with its final claim's token."""
+    b = bouncer("transaction", pool_size=6)
+    db.conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
+    stats = exactly_once_under_sigkill(db.conn, b.dsn(), total=1000, workers=4, timeout=120)
+    assert stats["kills"] >= 3
+    assert stats["crashes"] == []
+    assert stats["recorded"] == stats["distinct"] == 1000
+    assert stats["mismatched"] == 0
+    assert stats["reclaimed"] > 0
+    # The workers' connections really went through the pooler: more client connections than
+    # server sessions, and more server sessions than one.
+    servers = db.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone()[0]
+    assert 1 < servers <= 6
+
+
+def test_lease_contenders_never_overlap_through_transaction_pooling(db, bouncer):
+    b = bouncer("transaction", pool_size=4)
+    stats = lease_contenders(b.connect, db.conn, contenders=8, seconds=2)
+    assert stats["errors"] == []
+    assert stats["intervals"] >= 30 and stats["open"] == 0 and stats["holders"] >= 4
+    assert stats["overlaps"] == 0
+    assert stats["tokens_in_order"]
+
+
+# --- refused: sole_writer needs a direct connection ------------------------------------------------
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "session"])
+def test_sole_writer_refuses_a_pooler(db, bouncer, pool_mode):
+    b = bouncer(pool_mode)
+    with pytest.raises(pglockkit.PoolerDetected) as err:
+        with pglockkit.sole_writer(b.dsn(), NS, "restock_plan"):
+            pytest.fail("sole_writer ran its body through a pooler")
+    exc = err.value
+    assert isinstance(exc, pglockkit.PglockkitError) and exc.sqlstate is None
+    assert exc.client_pid != exc.server_pid
+    message = str(exc)
+    assert "sole_writer needs a direct connection" in message and "pooler" in message
+    assert f"client-side pid {exc.client_pid}, server pid {exc.server_pid}" in message
+    assert "reaches PostgreSQL directly" in message
+    assert _held(db) == []  # refused before any lock was taken
+    _wait_for(lambda: b.clients() == 0, "the refused connection to be closed")
+    # The same call on a direct DSN works.
+    with pglockkit.sole_writer(db.dsn, NS, "restock_plan") as mine:
+        assert mine
+
+
+# --- doctor's pooler check -------------------------------------------------------------------------
+
+
+def _pooler_findings(conn: psycopg.Connection) -> dict[str, str]:
+    return {f.check: f.severity for f in monitor.doctor(conn) if "pooler" in f.check}
+
+
+def test_doctor_finds_transaction_pooling_and_not_session_pooling_or_a_direct_connection(db, bouncer):
+    transaction = bouncer("transaction", pool_size=4, server_round_robin=0)
+    session = bouncer("session", pool_size=4)
+    with transaction.connect() as conn:
+        [finding] = monitor._pooler_check(conn)
+        assert (finding.severity, finding.check) == ("error", "transaction-mode pooler")
+        assert f"client-side pid {conn.info.backend_pid}" in finding.message
+        assert _pooler_findings(conn) == {"transaction-mode pooler": "error"}
+    with session.connect() as conn:
+        [finding] = monitor._pooler_check(conn)
+        assert (finding.severity, finding.check) == ("info", "connection pooler")
+        assert f"server pid {_server_pid(conn)}" in finding.message
+    with db.connect() as conn:
+        assert _pooler_findings(conn) == {}
+    # Repeatable, not a lucky interleaving: ten more runs, each with a fresh client connection.
+    for _ in range(10):
+        with transaction.connect() as t_conn, session.connect() as s_conn:
+            assert [f.check for f in monitor._pooler_check(t_conn)] == ["transaction-mode pooler"]
+            assert [f.check for f in monitor._pooler_check(s_conn)] == ["connection pooler"]
+
+
+def test_doctor_probe_gives_up_on_a_full_session_pool(db, bouncer):
+    session = bouncer("session", pool_size=1)
+    with session.connect() as conn:
+        started = time.monotonic()
+        [finding] = monitor._pooler_check(conn)  # the probe waits 2 s for a server, then gives up
+        assert finding.check == "connection pooler" and time.monotonic() - started < 6
+
+
+# --- the hazard that cannot be refused: plain SQL session locks through transaction pooling ---------
+
+
+def test_session_lock_through_transaction_pooling_stays_behind_and_changes_hands(db, bouncer):
+    """``try_lock`` through transaction pooling: the lock stays on the server session, which
+    PgBouncer then hands to another client; the taker's own unlock lands elsewhere (55000), and the
+    other client, who never asked for it, holds it and can release it."""
+    b = bouncer("transaction", pool_size=4, server_round_robin=0)
+    with b.connect() as taker, b.connect() as bystander:
+        assert taker.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        s1 = _server_pid(taker)
+        # The lock outlives the statement's transaction: it sits on a server session that is idle
+        # in the pool, where monitoring sees it.
+        assert _held(db) == [(NS, s1, "idle")]
+        assert _idle_holders(db) == [(NS, s1)]
+        with bystander.transaction():
+            # PgBouncer reuses the most recently released server session: the bystander's.
+            assert _server_pid(bystander) == s1
+            with pytest.raises(pglockkit.LockNotHeld) as err:
+                with pglockkit.errors.translated():
+                    taker.execute("SELECT pglockkit.unlock(%s, 'tick')", (NS,))
+            assert err.value.sqlstate == "55000"
+            assert _held(db) == [(NS, s1, "idle in transaction")]  # still held, by the bystander's session
+            bystander.execute("SELECT pglockkit.unlock(%s, 'tick')", (NS,))  # "releases" a lock it never took
+        assert _held(db) == []
+
+
+def test_session_lock_through_transaction_pooling_outlives_the_client(db, bouncer):
+    b = bouncer("transaction", pool_size=4)
+    with b.connect() as taker:
+        assert taker.execute("SELECT pglockkit.try_lock(%s, 'leak')", (NS,)).fetchone()[0]
+        s1 = _server_pid(taker)
+    time.sleep(0.2)
+    assert _idle_holders(db) == [(NS, s1)]  # no reset query runs in transaction mode by default
+    with db.connect() as rival:
+        assert not rival.execute("SELECT pglockkit.try_lock(%s, 'leak')", (NS,)).fetchone()[0]
+
+
+def test_reset_query_always_in_transaction_mode_drops_the_lock_at_once(db, bouncer):
+    b = bouncer("transaction", pool_size=4, server_reset_query_always=1)
+    with b.connect() as taker:
+        assert taker.execute("SELECT pglockkit.try_lock(%s, 'gone')", (NS,)).fetchone()[0]
+        _wait_for(lambda: _held(db) == [], "DISCARD ALL after the transaction")
+        with pytest.raises(psycopg.Error) as err:
+            taker.execute("SELECT pglockkit.unlock(%s, 'gone')", (NS,))
+        assert err.value.sqlstate == "55000"
+
+
+# --- session pooling -------------------------------------------------------------------------------
+
+
+def test_session_locks_work_per_client_connection_through_session_pooling(db, bouncer):
+    b = bouncer("session", pool_size=4)
+    with b.connect() as a, b.connect() as other:
+        assert a.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        s1 = _server_pid(a)
+        for _ in range(5):
+            with a.transaction():
+                assert _server_pid(a) == s1  # pinned to one server session
+        assert not other.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        with pytest.raises(psycopg.Error) as err:
+            other.execute("SELECT pglockkit.unlock(%s, 'tick')", (NS,))
+        assert err.value.sqlstate == "55000"
+        a.execute("SELECT pglockkit.unlock(%s, 'tick')", (NS,))
+        assert other.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        other.execute("SELECT pglockkit.unlock(%s, 'tick')", (NS,))
+
+
+def _server_alive(db, pid: int) -> bool:
+    return bool(db.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0])
+
+
+def test_session_pooling_default_reset_query_releases_the_lock_on_disconnect(db, bouncer):
+    b = bouncer("session", pool_size=4)
+    assert dict((r[0], r[1]) for r in b.admin("SHOW CONFIG"))["server_reset_query"] == "DISCARD ALL"
+    with b.connect() as a:
+        assert a.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        s1 = _server_pid(a)
+        assert _held(db) == [(NS, s1, "idle")]
+    _wait_for(lambda: _held(db) == [], "DISCARD ALL to release the lock")
+    assert _server_alive(db, s1)  # released by the reset query, not by closing the server session
+    last_query = db.conn.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (s1,)).fetchone()[0]
+    assert last_query == "DISCARD ALL"
+
+
+def test_session_pooling_without_reset_query_leaks_the_lock_to_the_next_client(db, bouncer):
+    b = bouncer("session", pool_size=4, server_reset_query="''")
+    with b.connect() as a:
+        assert a.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        s1 = _server_pid(a)
+    time.sleep(0.2)
+    assert _server_alive(db, s1)
+    idle = db.conn.execute("SELECT namespace, pid, state FROM pglockkit.idle_lock_holders").fetchall()
+    assert idle == [(NS, s1, "idle")]
+    with db.connect() as rival:
+        assert not rival.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+    with b.connect() as heir:
+        assert _server_pid(heir) == s1  # the next client gets that server session, lock included
+        assert heir.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]  # re-entrant
+        heir.execute("SELECT pglockkit.unlock(%s, 'tick'), pglockkit.unlock(%s, 'tick')", (NS, NS))
+    assert _held(db) == []
