@@ -50,7 +50,8 @@ TITLES = {"global": "global lock", "queue": "queue (SKIP LOCKED)", "sharded": "s
 PHASES = {
     "global": "every unit under ONE advisory lock: xact_lock('demo', 'global'), work, commit",
     "queue": "units are jobs: claim_job (FOR UPDATE SKIP LOCKED), work, complete_job in that transaction",
-    "sharded": "xact_lock('demo', 'tenant:' || t) per unit (t random); one shared refresh behind a lease",
+    "sharded": "xact_lock('demo', 'tenant:' || t) per unit (t random); a shared refresh (a unit too), "
+    "done by one agent only, behind a lease",
 }
 APPLICATION_NAME = "pglockkit demo"
 
@@ -405,14 +406,15 @@ class Demo:
         def holder(agent: int) -> str:
             return f"demo-{self.run_id}-agent-{agent}"
 
-        def refresh(conn: psycopg.Connection, agent: int) -> None:
+        def refresh(conn: psycopg.Connection, agent: int) -> bool:
+            """True if this agent did the refresh (a unit of work like the others)."""
             # Every agent asks; acquire_lease gives a token to one only (the live holder asking
             # again renews it, same token). The holder computes outside any lock, then publishes
             # under check_fence, which rejects it if the lease changed hands meanwhile.
             token = leases.acquire_lease(conn, LEASE, holder(agent), self.settings.lease_ttl)
             tokens[agent] = token
             if token is None:
-                return
+                return False
             time.sleep(self.work_s)
             try:
                 with conn.transaction():
@@ -420,12 +422,15 @@ class Demo:
                     conn.execute(INSERT_REFRESH, (step, holder(agent), token))
             except StaleToken:
                 tokens[agent] = None
+                return False
+            return True
 
         def unit(conn: psycopg.Connection, agent: int, deadline: float) -> float | None:
             now = time.monotonic()
             if now >= next_try.get(agent, 0.0):
                 next_try[agent] = now + self.settings.refresh_every
-                refresh(conn, agent)
+                if refresh(conn, agent):
+                    return 0.0
             rng = rngs.setdefault(agent, random.Random(f"{self.run_id}-{step}-{agent}"))
             tenant = rng.randrange(self.settings.tenants)
             t0 = time.monotonic()
@@ -505,7 +510,7 @@ class Demo:
             jobs,
             jobs / self.settings.seconds,
             longest,
-            self._rows(sampler_conn, "units", step_no),
+            self._rows(sampler_conn, "units", step_no) + self._rows(sampler_conn, "refreshes", step_no),
             samples_taken=sampler.taken,
             live=sampler.busiest,
             report=self._report(sampler_conn, server_start),
@@ -593,7 +598,8 @@ def _report_text(step: Step) -> str:
             f"`{r.top_resource}`: waiters in {r.samples_with_waiters}/{r.samples} samples, "
             f"max {r.max_waiters}, avg {r.avg_waiters:.1f}; parallelism {r.parallelism:.2f}"
         )
-    return f"{r.keys} keys, at most {r.max_waiters} waiting on one; parallelism {r.parallelism:.2f}"
+    waits = f"at most {r.max_waiters} waiting on one" if r.max_waiters else "no waiter"
+    return f"{r.keys} keys, {waits}; parallelism {r.parallelism:.2f}"
 
 
 def summary(steps: list[Step], settings: Settings) -> str:
@@ -640,7 +646,7 @@ def summary(steps: list[Step], settings: Settings) -> str:
         who = ", ".join(sh.refreshers) or "nobody"
         lines.append(
             f"Shared refresh at {top} agents: {sh.refreshes} refreshes behind lease `{LEASE}`, "
-            f"done by {len(sh.refreshers)} agent(s) ({who}); the others never waited for it."
+            f"done by {len(sh.refreshers)} agent(s) ({who}); acquire_lease gave the others NULL at once."
         )
     return "\n".join(lines)
 
