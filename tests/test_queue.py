@@ -544,3 +544,46 @@ def test_concurrency_bad_input(db, args, sqlstate):
         db.conn.execute(f"SELECT pglockkit.enqueue_job('t', {args})")
     assert err.value.sqlstate == sqlstate
     assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0] == 0
+
+
+def _plans(conn, sql, params=()):
+    """The plans of every statement `sql` runs, nested ones included (auto_explain)."""
+    plans = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET client_min_messages = log")
+    try:
+        result = conn.execute(sql, params).fetchall()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    return result, "\n".join(plans)
+
+
+def test_plans_made_on_a_small_table_stay_index_scans_as_the_queue_grows(db):
+    """A session's first claim and complete happen on a tiny table; their (generic, kept) plans
+    must still read jobs_ready in claim order and look jobs up by primary key, never scan the
+    table, so their cost does not grow with the backlog or with finished jobs."""
+    with db.connect() as conn:
+        q.enqueue_many(conn, "grow", [{}] * 3)
+        db.conn.execute("ANALYZE pglockkit.jobs")
+        for _ in range(6):  # plans are made (and kept) while the table holds a handful of rows
+            [job] = q.claim(conn, "grow", "w")
+            assert q.complete(conn, job)
+            q.enqueue(conn, "grow")
+        db.conn.execute(
+            "INSERT INTO pglockkit.jobs (queue, status, finished_at) "
+            "SELECT 'grow', 'done', now() FROM generate_series(1, 20000)"
+        )
+        db.conn.execute("INSERT INTO pglockkit.jobs (queue) SELECT 'grow' FROM generate_series(1, 20000)")
+        [(job_id, token)], claim_plan = _plans(
+            conn, "SELECT id, token FROM pglockkit.claim_job('grow', 'w', '1 minute', 1)"
+        )
+        _, complete_plan = _plans(conn, "SELECT pglockkit.complete_job(%s, %s)", (job_id, token))
+    assert "Index Scan using jobs_ready" in claim_plan, claim_plan
+    for plan in (claim_plan, complete_plan):
+        assert "Seq Scan on jobs" not in plan and "Bitmap Heap Scan on jobs" not in plan, plan
+        assert "Sort Key: j_2.priority" not in plan, plan
+    assert "Index Scan using jobs_pkey" in complete_plan, complete_plan
