@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import sys
 import threading
 import time
@@ -286,7 +287,9 @@ def _run_step(
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=agent, args=(i,), name=f"demo-agent-{i}") for i in range(n)]
+    threads = [
+        threading.Thread(target=agent, args=(i,), name=f"demo-agent-{i}", daemon=True) for i in range(n)
+    ]
     for t in threads:
         t.start()
     server_start = sampler_conn.execute("SELECT clock_timestamp()").fetchone()[0]
@@ -295,9 +298,10 @@ def _run_step(
     sampler = _Sampler(sampler_conn, settings.sample_every, names, started, clock["deadline"])
     go.set()
     sampler.start()
-    while any(t.is_alive() for t in threads):
-        time.sleep(0.2)
-        progress(min(time.monotonic() - started, settings.seconds), sum(done), sampler.latest)
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)
+            progress(min(time.monotonic() - started, settings.seconds), sum(done), sampler.latest)
     sampler.stop.set()
     sampler.join()
     if errors:
@@ -323,6 +327,8 @@ class Demo:
         self.step_no = 0
         self.tty = out.isatty()
         self.work_s = settings.work_ms / 1000
+        self.names: dict[int, str] = {}  # lock key -> 'demo/resource', for the reports
+        self.server = ""
 
     # -- setup and cleanup ------------------------------------------------------------------
 
@@ -488,8 +494,9 @@ class Demo:
             unit, finish = self._sharded_unit(step_no)
 
         def progress(elapsed: float, jobs: int, live: Live | None) -> None:
-            if self.tty:
-                self.out.write("\r\x1b[K" + self._line(design, n, elapsed, jobs, live))
+            if self.tty:  # cut to the terminal's width: a wrapped line would not redraw in place
+                width = shutil.get_terminal_size().columns - 1
+                self.out.write("\r\x1b[K" + self._line(design, n, elapsed, jobs, live)[:width])
                 self.out.flush()
 
         jobs, longest, sampler, server_start = _run_step(
