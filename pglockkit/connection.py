@@ -18,6 +18,20 @@ KEEPALIVES: dict[str, Any] = {
     "keepalives_count": 3,
 }
 
+# The server side of the same problem: the server ends the session of a client host that stopped
+# answering, and frees its session locks, after about idle + interval * count seconds of silence.
+# Servers default to the OS's keepalive timing (two hours on Linux). Any role may set these for its
+# own session; pglockkit does so on the connections that hold session locks (sole_writer, leases
+# bound to their session), with tcp_user_timeout set to the same window: keepalive probes are only
+# sent while no data is in flight, so a host that vanished before acknowledging the server's last
+# reply would otherwise hold its locks for the retransmission timeout (about 15 minutes on Linux).
+# They have no effect on Unix-socket connections.
+SERVER_KEEPALIVES: dict[str, int] = {
+    "tcp_keepalives_idle": 10,
+    "tcp_keepalives_interval": 5,
+    "tcp_keepalives_count": 3,
+}
+
 DSN_ENV = "PGLOCKKIT_DSN"
 
 
@@ -51,3 +65,26 @@ def connect(
         params["application_name"] = application_name
     params.update(kwargs)
     return psycopg.connect(dsn, autocommit=autocommit, **params)
+
+
+def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | None = None) -> None:
+    """Have the server drop this session (and its session locks) when the client host vanishes:
+    sets the session's ``tcp_keepalives_*`` (default ``SERVER_KEEPALIVES``; any subset may be
+    given) and ``tcp_user_timeout`` to the same window, idle + interval * count seconds. A session,
+    not a transaction, setting: use it on direct connections that hold session locks."""
+    settings = {**SERVER_KEEPALIVES, **(window or {})}
+    unknown = set(settings) - set(SERVER_KEEPALIVES)
+    if unknown:
+        raise ValueError(f"unknown keepalive settings {sorted(unknown)}; use {sorted(SERVER_KEEPALIVES)}")
+    for name, value in settings.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    window_s = (
+        settings["tcp_keepalives_idle"]
+        + settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
+    )
+    settings["tcp_user_timeout"] = window_s * 1000  # milliseconds
+    conn.execute(
+        "SELECT pg_catalog.set_config(k, v, false) FROM unnest(%s::text[], %s::text[]) AS s(k, v)",
+        (list(settings), [str(v) for v in settings.values()]),
+    )

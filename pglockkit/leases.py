@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import psycopg
 
-from pglockkit.connection import connect
+from pglockkit.connection import connect, set_server_keepalives
 from pglockkit.errors import translated
 
 log = logging.getLogger("pglockkit.leases")
@@ -112,6 +112,8 @@ class Lease:
     def __enter__(self) -> Lease:
         self._conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit lease {self.name}")
         try:
+            if self.bind_session:  # freed with the session: have the server notice a vanished host
+                set_server_keepalives(self._conn)
             self.token = acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
         except BaseException:
             self._conn.close()

@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from pglockkit.connection import connect
+from pglockkit.connection import connect, set_server_keepalives
 from pglockkit.errors import LockTimeout, PoolerDetected, translated
 
 log = logging.getLogger("pglockkit.locks")
@@ -157,14 +157,21 @@ def lock_rows(conn: psycopg.Connection, table: str, ids: Sequence[int], timeout:
 
 @contextmanager
 def sole_writer(
-    dsn: str, ns: str, resource: str | int, *, application_name: str | None = None
+    dsn: str,
+    ns: str,
+    resource: str | int,
+    *,
+    application_name: str | None = None,
+    keepalives: dict[str, int] | None = None,
 ) -> Iterator[bool]:
     """Yield True if this caller won the session lock ``ns``/``resource``, False if another
     process holds it. Never waits.
 
     The lock lives on a dedicated connection opened here (never take it from a pool: a pooled
     session keeps the lock after you return it) with TCP keepalives, and is released on exit, or
-    by the server when this process dies.
+    by the server when this process dies. If this host vanishes without closing the connection
+    (power loss, network partition), the server frees the lock after about idle + interval *
+    count seconds of silence: ``keepalives`` overrides ``SERVER_KEEPALIVES`` (10 + 5 * 3 s).
 
     ``dsn`` must reach PostgreSQL directly. Through a pooler or proxy such as PgBouncer, in
     transaction mode and in session mode alike, this raises ``PoolerDetected`` before any lock is
@@ -177,6 +184,7 @@ def sole_writer(
     conn = connect(dsn, autocommit=True, application_name=application_name or f"pglockkit sole_writer {ns}")
     try:
         _refuse_pooler(conn)
+        set_server_keepalives(conn, keepalives)
         started = time.monotonic()
         with translated():
             key, got = conn.execute(

@@ -7,6 +7,7 @@ for speed): the guarantees below are the ones a durable server gives.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,3 +192,85 @@ def test_a_retry_storm_spreads_out_and_holds_one_connection_per_contender(db):
         assert len(at) >= contenders // 2, (k, at)
         q1, q3 = at[len(at) // 4], at[3 * len(at) // 4]
         assert q3 - q1 > 0.03, f"attempt {k + 1} starts bunched: {[round(x, 3) for x in at]}"
+
+
+HOLDER = """
+import sys, time
+import pglockkit
+dsn, window = sys.argv[1], sys.argv[2]
+if window == "none":  # a plain session lock on a plain connection: the server's own keepalives
+    import psycopg
+    conn = psycopg.connect(dsn, autocommit=True)
+    assert conn.execute("SELECT pglockkit.try_lock('vanish', 'job')").fetchone()[0]
+    print("holding", flush=True)
+    time.sleep(600)
+idle, interval, count = map(int, window.split(","))
+keepalives = {"tcp_keepalives_idle": idle, "tcp_keepalives_interval": interval, "tcp_keepalives_count": count}
+with pglockkit.sole_writer(dsn, "vanish", "job", keepalives=keepalives) as mine:
+    assert mine
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def _iptables(*args: str) -> None:
+    iptables = shutil.which("iptables")
+    assert iptables, "iptables is not installed (apt-get install iptables; .ci/run does)"
+    subprocess.run([iptables, "-w", *args], check=True, capture_output=True)
+
+
+def _cut_off(port: int, add: bool) -> None:
+    """Drop every loopback packet to or from a client's TCP port: its host has vanished."""
+    for direction in ("--sport", "--dport"):
+        _iptables(
+            "-A" if add else "-D", "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port), "-j", "DROP"
+        )
+
+
+def _vanish_and_time_release(db, window: str, give_up: float) -> float | None:
+    """Start a process that holds a session lock, freeze it and cut its connection off; seconds
+    until the server freed the lock, or None if it still held it after ``give_up`` seconds."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, db.dsn, window],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding", holder.stderr.read()
+        pid, port = db.conn.execute(
+            "SELECT a.pid, a.client_port FROM pglockkit.advisory_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.namespace = 'vanish'"
+        ).fetchone()
+        assert port, "the holder must connect over TCP"
+        holder.send_signal(signal.SIGSTOP)
+        _cut_off(port, add=True)
+        try:
+            cut = time.monotonic()
+            while time.monotonic() - cut < give_up:
+                held = db.conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory'", (pid,)
+                )
+                if not held.fetchone()[0]:
+                    return time.monotonic() - cut
+                time.sleep(0.1)
+            return None
+        finally:
+            _cut_off(port, add=False)
+            db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
+def test_the_server_frees_a_vanished_hosts_lock_within_the_keepalive_window(db):
+    """sole_writer sets the server's keepalives for its session: when the holder's host stops
+    answering (process frozen, its packets dropped), the server ends the session and frees the
+    lock after about idle + interval * count seconds. A plain connection keeps it for hours."""
+    db.conn.execute("SELECT pglockkit.register_namespace('vanish')")
+    freed_after = _vanish_and_time_release(db, "1,1,2", give_up=15)
+    assert freed_after is not None, "the lock outlived the keepalive window"
+    assert 2.5 <= freed_after <= 8, freed_after  # window: 1 + 1 * 2 = 3 s, plus the TCP timers' slack
+    print(f"keepalive window 1 + 1 * 2 s: lock freed {freed_after:.1f} s after the host vanished")
+    assert _vanish_and_time_release(db, "none", give_up=3 * freed_after) is None
