@@ -18,7 +18,7 @@ import psycopg
 from pglockkit import demo, embedded, locks, monitor, queue, runs
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
-from pglockkit.install import install, render_bundle, status, uninstall
+from pglockkit.install import grant, install, render_bundle, status, uninstall
 
 EPILOG = f"""\
 Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},
@@ -159,6 +159,15 @@ def cmd_register(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
         ns_id = locks.register_namespace(conn, args.name, args.id, args.description, args.lock_timeout)
     print(ns_id)
+    return 0
+
+
+def cmd_grant(args: argparse.Namespace) -> int:
+    try:
+        print(grant(_dsn(args), args.role, admin=args.admin, revoke=args.revoke))
+    except ValueError as exc:
+        print(f"pglockkit grant: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -388,6 +397,19 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[conn_opts],
     )
     p.add_argument("--yes", action="store_true", help="confirm: this drops all pglockkit data")
+    p = add(
+        "grant",
+        cmd_grant,
+        "give a role pglockkit_user (workers) or, with --admin, pglockkit_admin (operators)",
+        parents=[conn_opts],
+    )
+    p.add_argument("role", help="an existing role, e.g. the login role your workers use")
+    p.add_argument(
+        "--admin",
+        action="store_true",
+        help="pglockkit_admin: also register namespaces, prune, retry dead jobs, sample",
+    )
+    p.add_argument("--revoke", action="store_true", help="take the role back instead")
     p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
     p.add_argument("--markdown", action="store_true", help="print the table for a service README")
     p = add(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import read_migrations
 from yoyo.backends import get_backend_class
@@ -144,6 +145,42 @@ def status(dsn: str = "") -> list[MigrationState]:
         return [MigrationState(m.id, backend.is_applied(m)) for m in migrations]
     finally:
         backend.connection.close()
+
+
+ROLES = ("pglockkit_user", "pglockkit_admin")
+
+
+def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> str:
+    """Give ``role`` pglockkit's worker role (``pglockkit_user``), or with ``admin`` its operator
+    role (``pglockkit_admin``: also registers namespaces, prunes, retries dead jobs, samples);
+    ``revoke`` takes it back. Returns what was done.
+
+    Needs a role that may grant the group role (its admin, a CREATEROLE role or a superuser).
+    The group roles are created first if missing (then the grants in this database are
+    re-applied, which needs the installing role).
+    """
+    group = "pglockkit_admin" if admin else "pglockkit_user"
+    with connect(dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)", (role,)).fetchone()[0]:
+            raise ValueError(f"role {role!r} does not exist; create it first (CREATE ROLE ... LOGIN)")
+        if role in ROLES:
+            raise ValueError(
+                f"{role!r} is one of pglockkit's own group roles; name a worker or operator role"
+            )
+        missing = [
+            r
+            for r in ROLES
+            if not conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)", (r,)).fetchone()[0]
+        ]
+        if missing and not revoke:
+            with conn.transaction():
+                for r in missing:
+                    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(r)))
+                conn.execute("GRANT pglockkit_user TO pglockkit_admin")
+                conn.execute("SELECT pglockkit._grant_privileges()")
+        statement = "REVOKE {} FROM {}" if revoke else "GRANT {} TO {}"
+        conn.execute(sql.SQL(statement).format(sql.Identifier(group), sql.Identifier(role)))
+    return f"{'revoked' if revoke else 'granted'} {group} {'from' if revoke else 'to'} {role}"
 
 
 def uninstall(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
