@@ -29,11 +29,12 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 import pglockkit
-from bench.common import add_target_arguments, nproc, target
+from bench.common import add_target_arguments, nproc, spread, target
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lease_throughput.json"
 
@@ -112,8 +113,7 @@ def run_once(
     return sum(c for c, _ in out) / seconds, sum(a for _, a in out) / seconds
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.lease_throughput", description=__doc__.splitlines()[0]
     )
@@ -122,8 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
-    args = parser.parse_args(argv)
-    dsn, target_name = target(args)
+    return parser
+
+
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
     pglockkit.install(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(BASELINE_SETUP)
@@ -170,19 +173,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": args.seconds,
         "runs": args.runs,
     }
-    print("# pglockkit lease throughput\n")
-    for key in ("date", "command", "server_version", "platform", "nproc"):
-        print(f"- {key}: {env[key]}")
-    print("\nacquire + release cycles per second (median of runs; each call one autocommit statement)\n")
-    print("| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio |")
-    print("|--:|---|--:|--:|--:|")
+    lines = ["# pglockkit lease throughput", ""]
+    lines += [f"- {key}: {env[key]}" for key in ("date", "command", "server_version", "platform", "nproc")]
+    lines += [
+        "",
+        "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement)",
+        "",
+        "| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio |",
+        "|--:|---|--:|--:|--:|",
+    ]
     for r in rows:
-        print(
-            f"| {r['clients']} | {r['shape']} | {r['pglockkit_cycles_s']:,.0f} "
-            f"| {r['baseline_cycles_s']:,.0f} | {r['ratio']:.2f} |"
+        lines.append(
+            f"| {r['clients']} | {r['shape']} | {spread([c for c, _ in r['pglockkit_runs']])} "
+            f"| {spread([c for c, _ in r['baseline_runs']])} | {r['ratio']:.2f} |"
         )
+    return {"environment": env, "rows": rows, "markdown": "\n".join(lines)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
+    args.output.write_text(json.dumps(data, indent=2))
     return 0
 
 

@@ -431,19 +431,6 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def write_json(
-    path: Path, env: dict[str, Any], settings: dict[str, Any], rows: list[Comparison], server: ServerSide
-) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "environment": env,
-        "settings": settings,
-        "round_trips": [asdict(r) for r in rows],
-        "server_side": asdict(server),
-    }
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.lock_overhead",
@@ -463,10 +450,8 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    dsn, target_name = target(args)
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
     ns_id, version = prepare(dsn)
     settings = {"seconds": args.seconds, "runs": args.runs, "clients": args.clients, "namespace_id": ns_id}
     rows: list[Comparison] = []
@@ -475,8 +460,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log("server side ...")
     server = server_side(dsn, ns_id, args.runs)
     env = environment("bench.lock_overhead", argv, target_name, version)
-    print(render_markdown(env, settings, rows, server))
-    write_json(args.output, env, settings, rows, server)
+    return {
+        "environment": env,
+        "settings": settings,
+        "round_trips": [asdict(r) for r in rows],
+        "server_side": asdict(server),
+        "markdown": render_markdown(env, settings, rows, server),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     _log(f"wrote {args.output}")
     return 0
 

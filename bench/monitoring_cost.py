@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -144,8 +145,7 @@ def _swarm(dsn: str, workers: int, seconds: float, sample_every: float | None, q
     return sum(done) / elapsed
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.monitoring_cost", description=__doc__.splitlines()[0]
     )
@@ -159,10 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=positive(float), default=4.0, help="per swarm run (default 4)")
     parser.add_argument("--sample-every", type=positive(float), default=1.0, help="seconds (default 1)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
     if args.holders > args.locks:
-        parser.error("--holders must not exceed --locks")
-    dsn, target_name = target(args)
+        raise ValueError("--holders must not exceed --locks")
     pglockkit.install(dsn)
 
     planted = _plant(dsn, args.holders, args.locks, args.waiters)
@@ -196,26 +199,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment("bench.monitoring_cost", argv, target_name, version)
     base = statistics.median(ms["pg_locks join (baseline)"])
     kept = statistics.median(swarm["with sampler"]) / statistics.median(swarm["without sampler"])
-    print("# pglockkit monitoring cost\n")
-    for key in ("date", "command", "server_version", "platform", "nproc"):
-        print(f"- {key}: {env[key]}")
-    print(f"\n{held} advisory locks held by {args.holders} idle sessions, {args.waiters} waiters\n")
-    print("| query | ms per call, median (min-max of runs) | x baseline |")
-    print("|---|--:|--:|")
+    lines = ["# pglockkit monitoring cost", ""]
+    lines += [f"- {key}: {env[key]}" for key in ("date", "command", "server_version", "platform", "nproc")]
+    lines += [
+        "",
+        f"{held} advisory locks held by {args.holders} idle sessions, {args.waiters} waiters",
+        "",
+        "| query | ms per call, median (min-max of runs) | x baseline |",
+        "|---|--:|--:|",
+    ]
     for name, values in ms.items():
-        print(f"| {name} | {spread(values, '.2f')} | {statistics.median(values) / base:.1f} |")
-    print(
-        f"\nclaim + complete with {args.workers} workers: {spread(swarm['without sampler'])} jobs/s without, "
+        lines.append(f"| {name} | {spread(values, '.2f')} | {statistics.median(values) / base:.1f} |")
+    lines += [
+        "",
+        f"claim + complete with {args.workers} workers: {spread(swarm['without sampler'])} jobs/s without, "
         f"{spread(swarm['with sampler'])} with sample() every {args.sample_every:g}s: "
-        f"{kept:.2f} of the throughput kept"
-    )
+        f"{kept:.2f} of the throughput kept",
+    ]
+    return {
+        "environment": env,
+        "locks_held": held,
+        "latency_ms": ms,
+        "swarm_jobs_s": swarm,
+        "kept": kept,
+        "markdown": "\n".join(lines),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.holders > args.locks:
+        parser.error("--holders must not exceed --locks")
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
     args.output.parent.mkdir(exist_ok=True)
-    args.output.write_text(
-        json.dumps(
-            {"environment": env, "locks_held": held, "latency_ms": ms, "swarm_jobs_s": swarm, "kept": kept},
-            indent=2,
-        )
-    )
+    args.output.write_text(json.dumps(data, indent=2))
     return 0
 
 

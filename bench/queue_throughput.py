@@ -769,13 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure the sections in ``args``; returns the JSON document, with the report under "markdown"."""
     if any(b > 1000 for b in args.batches):
-        parser.error("--batches: claim_job takes batch 1 to 1000")
-    dsn, target_name = target(args)
+        raise ValueError("--batches: claim_job takes batch 1 to 1000")
     pglockkit.install(dsn)
     names = ("seconds", "runs", "sections", "clients", "workers", "work_ms", "backlog_small", "backlog_large")
     settings: dict[str, Any] = {k: getattr(args, k) for k in (*names, "batches")}
@@ -795,13 +792,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log(f"cleanup: deleted {deleted:,} bench jobs, dropped bench_bare_jobs")
     settings["total_s"] = round(time.perf_counter() - started, 1)
     env = environment("bench.queue_throughput", argv, target_name, version)
-    print(render_markdown(env, settings, results))
+    return {
+        "environment": env,
+        "settings": settings,
+        "results": results,
+        "markdown": render_markdown(env, settings, results),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if any(b > 1000 for b in args.batches):
+        parser.error("--batches: claim_job takes batch 1 to 1000")
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps({"environment": env, "settings": settings, "results": results}, indent=2) + "\n",
-        encoding="utf-8",
-    )
-    _log(f"wrote {args.output} ({settings['total_s']:.0f} s in all)")
+    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    _log(f"wrote {args.output} ({data['settings']['total_s']:.0f} s in all)")
     return 0
 
 
