@@ -85,6 +85,10 @@ SELECT key, samples, samples_with_waiters, max_waiters, avg_waiters::float8,
 """
 
 
+class NotInstalled(RuntimeError):
+    """The target database lacks pglockkit (or its contention history)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Settings and results
 # ---------------------------------------------------------------------------------------------
@@ -333,10 +337,13 @@ class Demo:
     # -- setup and cleanup ------------------------------------------------------------------
 
     def _setup(self, conn: psycopg.Connection) -> None:
-        found = conn.execute("SELECT to_regprocedure('pglockkit.contention_report(interval)')").fetchone()[0]
-        if found is None:
-            raise RuntimeError(
-                "pglockkit (with migration 0007 or later) is not installed in this database: "
+        found = conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'pglockkit' AND p.proname = 'contention_report')"
+        ).fetchone()[0]
+        if not found:
+            raise NotInstalled(
+                "pglockkit (migration 0007 or later) is not installed in this database: "
                 "run `pglockkit install` with the same --dsn first"
             )
         known = {r["name"] for r in locks.namespaces(conn)}
@@ -564,14 +571,18 @@ class Demo:
         s = self.settings
         counts = sorted({1, *s.steps})
         self.total_steps = len(counts) * len(DESIGNS)
-        conns = [
-            connect(self.dsn, autocommit=True, application_name=f"{APPLICATION_NAME} agent {i}")
-            for i in range(s.agents)
-        ]
         sampler_conn = connect(self.dsn, autocommit=True, application_name=f"{APPLICATION_NAME} sampler")
+        conns: list[psycopg.Connection] = []
         try:
             self._setup(sampler_conn)
+        except BaseException:
+            sampler_conn.close()
+            raise
+        try:
             self.server = sampler_conn.execute("SHOW server_version").fetchone()[0]
+            for i in range(s.agents):
+                name = f"{APPLICATION_NAME} agent {i}"
+                conns.append(connect(self.dsn, autocommit=True, application_name=name))
             self._warm_up(conns, sampler_conn)
             for number, design in enumerate(DESIGNS, 1):
                 self._print()
@@ -715,7 +726,11 @@ def main(args: argparse.Namespace, dsn: str, dsn_label: str, out: TextIO = sys.s
         f"{settings.seconds:g} s per step (about {expected:.0f} s); a unit of work = "
         f"{settings.work_ms:g} ms sleep + one INSERT\n"
     )
-    measured = demo.run()
+    try:
+        measured = demo.run()
+    except NotInstalled as exc:
+        print(f"pglockkit demo: error: {exc}", file=sys.stderr)
+        return 1
     env = environment(dsn_label, demo.server)
     out.write(summary(measured, settings) + "\n")
     out.write(

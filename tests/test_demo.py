@@ -87,6 +87,13 @@ def test_default_is_the_embedded_server(tmp_path):
         run_embedded("down", data=data)
 
 
+def test_a_database_without_pglockkit_is_a_clear_error(empty_db):
+    out = run_demo("--dsn", empty_db, "--agents", "1", "--seconds", "0.1")
+    assert out.returncode == 1
+    assert "pglockkit demo: error: pglockkit (migration 0007 or later) is not installed" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
