@@ -24,7 +24,8 @@ EPILOG = f"""\
 Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},
 else libpq's environment (PGHOST, PGDATABASE, ...).
 
-Start here:  pglockkit up        (a local PostgreSQL with pglockkit installed; prints the DSN)
+Start here:  pglockkit demo      (a swarm on a local PostgreSQL: one lock vs the queue vs sharded keys)
+             pglockkit up        (a local PostgreSQL with pglockkit installed; prints the DSN)
 """
 
 
