@@ -59,12 +59,16 @@ def connect(
     another server session, where it fails ("prepared statement ... does not exist / already
     exists"). The kit's calls are one-line function calls whose plans the server caches anyway.
     """
-    kwargs.setdefault("prepare_threshold", None)
-    params: dict[str, Any] = dict(KEEPALIVES)
+    return psycopg.connect(dsn, autocommit=autocommit, **connect_params(application_name, kwargs))
+
+
+def connect_params(application_name: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``connect``'s keyword arguments for psycopg (shared with ``pglockkit.aio.connect``)."""
+    params: dict[str, Any] = {**KEEPALIVES, "prepare_threshold": None}
     if application_name:
         params["application_name"] = application_name
     params.update(kwargs)
-    return psycopg.connect(dsn, autocommit=autocommit, **params)
+    return params
 
 
 def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | None = None) -> None:
@@ -72,19 +76,6 @@ def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | Non
     sets the session's ``tcp_keepalives_*`` (default ``SERVER_KEEPALIVES``; any subset may be
     given) and ``tcp_user_timeout`` to the same window, idle + interval * count seconds. A session,
     not a transaction, setting: use it on direct connections that hold session locks."""
-    settings = {**SERVER_KEEPALIVES, **(window or {})}
-    unknown = set(settings) - set(SERVER_KEEPALIVES)
-    if unknown:
-        raise ValueError(f"unknown keepalive settings {sorted(unknown)}; use {sorted(SERVER_KEEPALIVES)}")
-    for name, value in settings.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    window_s = (
-        settings["tcp_keepalives_idle"]
-        + settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
-    )
-    settings["tcp_user_timeout"] = window_s * 1000  # milliseconds
-    conn.execute(
-        "SELECT pg_catalog.set_config(k, v, false) FROM unnest(%s::text[], %s::text[]) AS s(k, v)",
-        (list(settings), [str(v) for v in settings.values()]),
-    )
+    from pglockkit import _calls  # _calls reads SERVER_KEEPALIVES from here
+
+    _calls.run(conn, _calls.server_keepalives(window))

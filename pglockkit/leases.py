@@ -7,7 +7,6 @@ stopped by ``check_fence`` in its own transaction.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -16,10 +15,8 @@ from datetime import timedelta
 
 import psycopg
 
+from pglockkit import _calls
 from pglockkit.connection import connect, set_server_keepalives
-from pglockkit.errors import translated
-
-log = logging.getLogger("pglockkit.leases")
 
 
 def default_holder() -> str:
@@ -27,39 +24,27 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _ttl(ttl: float | timedelta) -> timedelta:
-    return ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
-
-
 def acquire_lease(
     conn: psycopg.Connection, name: str, holder: str, ttl: float | timedelta, bind_session: bool = False
 ) -> int | None:
     """The new fencing token, or None while another holder's lease is live."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.acquire_lease(%s, %s, %s, %s)", (name, holder, _ttl(ttl), bind_session)
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.acquire_lease(name, holder, ttl, bind_session))
 
 
 def renew_lease(conn: psycopg.Connection, name: str, holder: str, token: int, ttl: float | timedelta) -> bool:
     """True if the lease was still ours and now lasts ``ttl`` from now."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.renew_lease(%s, %s, %s, %s)", (name, holder, token, _ttl(ttl))
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.renew_lease(name, holder, token, ttl))
 
 
 def release_lease(conn: psycopg.Connection, name: str, holder: str, token: int) -> bool:
     """True if the lease was ours and is now free."""
-    with translated():
-        return conn.execute("SELECT pglockkit.release_lease(%s, %s, %s)", (name, holder, token)).fetchone()[0]
+    return _calls.run(conn, _calls.release_lease(name, holder, token))
 
 
 def check_fence(conn: psycopg.Connection, name: str, token: int) -> None:
     """Inside the writer's transaction, before it writes: raises ``StaleToken`` unless ``token``
     is the live lease's, and holds the lease until the transaction ends."""
-    with translated():
-        conn.execute("SELECT pglockkit.check_fence(%s, %s)", (name, token))
+    _calls.run(conn, _calls.check_fence(name, token))
 
 
 class Lease:
@@ -93,7 +78,7 @@ class Lease:
     ):
         self.dsn = dsn
         self.name = name
-        self.ttl = _ttl(ttl)
+        self.ttl = _calls.seconds(ttl)
         self.holder = holder or default_holder()
         self.bind_session = bind_session
         self.renew_every = renew_every if renew_every is not None else self.ttl.total_seconds() / 3
@@ -118,13 +103,7 @@ class Lease:
         except BaseException:
             self._conn.close()
             raise
-        log.info(
-            "lease %s name=%s holder=%s token=%s",
-            "acquired" if self.acquired else "busy",
-            self.name,
-            self.holder,
-            self.token,
-        )
+        _calls.lease_acquire_event(self.name, self.holder, self.token)
         if self.acquired:
             self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
             self._thread.start()
@@ -139,9 +118,7 @@ class Lease:
     def _lose(self, reason: str) -> None:
         self.lost_reason = reason
         self.lost.set()
-        log.warning(
-            "lease lost name=%s holder=%s token=%s reason=%s", self.name, self.holder, self.token, reason
-        )
+        _calls.lease_lost_event(self.name, self.holder, self.token, reason)
         if self.on_lost is not None:
             self.on_lost(self)
 
@@ -150,10 +127,10 @@ class Lease:
             try:
                 ok = renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
             except psycopg.Error as exc:
-                self._lose(f"renewal failed: {exc.__class__.__name__}: {str(exc).strip()}")
+                self._lose(_calls.renewal_error(exc))
                 return
             if not ok:
-                self._lose("renewal refused: the lease expired or changed hands")
+                self._lose(_calls.RENEWAL_REFUSED)
                 return
 
     def __exit__(self, *exc) -> None:
@@ -163,7 +140,7 @@ class Lease:
         try:
             if self.acquired and not self.lost.is_set():
                 release_lease(self._conn, self.name, self.holder, self.token)
-                log.info("lease released name=%s holder=%s token=%s", self.name, self.holder, self.token)
+                _calls.lease_release_event(self.name, self.holder, self.token)
         except psycopg.OperationalError:
             pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
         finally:

@@ -16,38 +16,20 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
+from pglockkit import _calls
+from pglockkit._calls import Job
 from pglockkit.connection import connect
-from pglockkit.errors import translated
 from pglockkit.leases import default_holder
 from pglockkit.retry import backoff
 
 log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
-
-
-@dataclass(frozen=True)
-class Job:
-    """A claimed job. ``token`` is the fencing token of this claim."""
-
-    id: int
-    queue: str
-    payload: Any
-    attempt: int
-    max_attempts: int
-    token: int
-    lease_expires_at: datetime
-
-
-def _seconds(value: float | timedelta) -> timedelta:
-    return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
 def enqueue(
@@ -71,89 +53,63 @@ def enqueue(
     >>> enqueue(conn, "emails", {"to": "ana@example.com"}, priority=10)  # doctest: +SKIP
     1
     """
-    if run_at is not None and delay is not None:
-        raise ValueError("give run_at or delay, not both")
-    when = "now()" if run_at is None and delay is None else "%(run_at)s"
-    if delay is not None:
-        when = "clock_timestamp() + %(delay)s"
-    with translated():
-        return conn.execute(
-            f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s, "
-            "%(ckey)s, %(climit)s)",
-            {
-                "queue": queue,
-                "payload": Jsonb({} if payload is None else payload),
-                "run_at": run_at,
-                "delay": None if delay is None else _seconds(delay),
-                "priority": priority,
-                "dedup": dedup_key,
-                "ckey": concurrency_key,
-                "climit": concurrency_limit,
-                "max": max_attempts,
-            },
-        ).fetchone()[0]
+    call = _calls.enqueue(
+        queue,
+        payload,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        dedup_key=dedup_key,
+        max_attempts=max_attempts,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+    )
+    return _calls.run(conn, call)
 
 
 def enqueue_many(
     conn: psycopg.Connection, queue: str, payloads: Sequence[Any], *, priority: int = 0, max_attempts: int = 5
 ) -> list[int]:
     """Add one job per payload in one statement; returns the ids in payload order."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s)",
-            (queue, [Jsonb(p) for p in payloads], priority, max_attempts),
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts))
 
 
 def claim(
     conn: psycopg.Connection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
 ) -> list[Job]:
     """Claim up to ``batch`` jobs; never waits on other claimers."""
-    with translated():
-        rows = conn.execute(
-            "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at "
-            "FROM pglockkit.claim_job(%s, %s, %s, %s)",
-            (queue, worker, _seconds(lease), batch),
-        ).fetchall()
-    return [Job(*row) for row in rows]
+    return _calls.run(conn, _calls.claim(queue, worker, lease, batch))
 
 
 def complete(conn: psycopg.Connection, job: Job) -> bool:
     """Mark done; False if this claim is stale (the job was reclaimed or cancelled)."""
-    with translated():
-        return conn.execute("SELECT pglockkit.complete_job(%s, %s)", (job.id, job.token)).fetchone()[0]
+    return _calls.run(conn, _calls.complete(job))
 
 
 def complete_many(conn: psycopg.Connection, jobs: Sequence[Job]) -> int:
     """Complete a batch in one statement; returns how many claims were current."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.complete_jobs(%s::bigint[], %s::bigint[])",
-            ([j.id for j in jobs], [j.token for j in jobs]),
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.complete_many(jobs))
 
 
 def fail(conn: psycopg.Connection, job: Job, error: str, retry_in: float | timedelta | None = None) -> str:
     """Record a failed attempt; returns 'queued' (will retry), 'dead' or 'stale'."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.fail_job(%s, %s, %s, %s)",
-            (job.id, job.token, error, None if retry_in is None else _seconds(retry_in)),
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.fail(job, error, retry_in))
 
 
 def extend(conn: psycopg.Connection, job: Job, lease: float | timedelta) -> bool:
     """Heartbeat; False if the claim is stale."""
-    with translated():
-        return conn.execute(
-            "SELECT pglockkit.extend_job(%s, %s, %s)", (job.id, job.token, _seconds(lease))
-        ).fetchone()[0]
+    return _calls.run(conn, _calls.extend(job, lease))
 
 
 def release(conn: psycopg.Connection, job: Job) -> bool:
     """Give a claimed job back unstarted (its attempt does not count)."""
-    with translated():
-        return conn.execute("SELECT pglockkit.release_job(%s, %s)", (job.id, job.token)).fetchone()[0]
+    return _calls.run(conn, _calls.release(job))
+
+
+def cancel(conn: psycopg.Connection, job_id: int) -> bool:
+    """Cancel a queued or running job; False if it had already finished. A running job's worker
+    finds its claim stale at its next complete, fail or extend."""
+    return _calls.run(conn, _calls.cancel(job_id))
 
 
 def load_handler(spec: str) -> Callable[[Job, psycopg.Connection], Any]:
@@ -252,7 +208,7 @@ class Worker:
         self.handler = handler
         self.name = name or default_holder()
         self.batch = batch
-        self.lease = _seconds(lease)
+        self.lease = _calls.seconds(lease)
         self.poll_interval = poll_interval
         self.reconnect_cap = reconnect_cap
         self.processed = 0

@@ -45,20 +45,31 @@ def retry(
 
     After ``attempts`` tries the last error is raised (as a pglockkit error where one maps).
     """
-    if attempts < 1:
-        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    check_attempts(attempts)
     for attempt in range(attempts):
         try:
             return fn()
         except (psycopg.Error, RetryableError) as exc:
-            err = from_psycopg(exc) if isinstance(exc, psycopg.Error) else exc
-            if not isinstance(err, RetryableError) or attempt == attempts - 1:
-                if err is exc:
-                    raise
-                raise err from exc
-            pause = backoff(attempt, base=base, cap=cap)
-            log.info(
-                "retrying after sqlstate=%s attempt=%d pause_ms=%.1f", err.sqlstate, attempt + 1, pause * 1000
-            )
-            sleep(pause)
+            sleep(pause_or_raise(exc, attempt, attempts, base, cap))
     raise AssertionError("unreachable")
+
+
+def check_attempts(attempts: int) -> None:
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+
+
+def pause_or_raise(
+    exc: psycopg.Error | RetryableError, attempt: int, attempts: int, base: float, cap: float
+) -> float:
+    """The pause before the next try after ``exc`` failed try ``attempt`` (from 0); raises ``exc``
+    (as a pglockkit error where one maps) when it is not retryable or no try is left.
+    Call it while ``exc`` is being handled. Shared by ``retry`` and ``pglockkit.aio.retry``."""
+    err = from_psycopg(exc) if isinstance(exc, psycopg.Error) else exc
+    if not isinstance(err, RetryableError) or attempt == attempts - 1:
+        if err is exc:
+            raise exc
+        raise err from exc
+    pause = backoff(attempt, base=base, cap=cap)
+    log.info("retrying after sqlstate=%s attempt=%d pause_ms=%.1f", err.sqlstate, attempt + 1, pause * 1000)
+    return pause

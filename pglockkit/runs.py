@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -11,11 +10,10 @@ from typing import TypeVar
 
 import psycopg
 
+from pglockkit import _calls
 from pglockkit.connection import connect
-from pglockkit.errors import translated
 from pglockkit.leases import default_holder
 
-log = logging.getLogger("pglockkit.runs")
 T = TypeVar("T")
 
 
@@ -26,14 +24,12 @@ def today_utc() -> str:
 
 def start_run(conn: psycopg.Connection, job: str, slot: str, holder: str) -> int | None:
     """The run id if this caller won ``job``/``slot``, else None (it ran, or is running elsewhere)."""
-    with translated():
-        return conn.execute("SELECT pglockkit.start_run(%s, %s, %s)", (job, slot, holder)).fetchone()[0]
+    return _calls.run(conn, _calls.start_run(job, slot, holder))
 
 
 def finish_run(conn: psycopg.Connection, run_id: int, ok: bool, detail: str | None = None) -> bool:
     """Record the outcome; False if the run had already finished."""
-    with translated():
-        return conn.execute("SELECT pglockkit.finish_run(%s, %s, %s)", (run_id, ok, detail)).fetchone()[0]
+    return _calls.run(conn, _calls.finish_run(run_id, ok, detail))
 
 
 @contextmanager
@@ -52,18 +48,18 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
     with connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
         run_id = start_run(conn, job, slot, holder or default_holder())
         if run_id is None:
-            log.info("run skipped job=%s slot=%s (already ran or running elsewhere)", job, slot)
+            _calls.run_event("skipped", job, slot, None)
             yield None
             return
-        log.info("run started job=%s slot=%s id=%s", job, slot, run_id)
+        _calls.run_event("started", job, slot, run_id)
         try:
             yield run_id
         except BaseException as exc:
-            finish_run(conn, run_id, False, f"{exc.__class__.__name__}: {exc}")
-            log.info("run failed job=%s slot=%s id=%s", job, slot, run_id)
+            finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+            _calls.run_event("failed", job, slot, run_id)
             raise
         finish_run(conn, run_id, True)
-        log.info("run succeeded job=%s slot=%s id=%s", job, slot, run_id)
+        _calls.run_event("succeeded", job, slot, run_id)
 
 
 def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:

@@ -1,0 +1,448 @@
+"""Every SQL call of the Python layer, described once and run by either driver.
+
+A ``Call`` holds what a wrapper decides: the SQL text and its bound parameters, how the rows
+become the result, and which structured log event a success or a failure emits. Argument checks
+happen when a call is built. ``run`` executes a call on a ``psycopg.Connection`` (the sync
+modules), ``arun`` on a ``psycopg.AsyncConnection`` (``pglockkit.aio``); both translate errors
+by SQLSTATE the same way. Nothing else in the package holds SQL for these operations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
+
+from pglockkit.connection import SERVER_KEEPALIVES
+from pglockkit.errors import LockTimeout, PoolerDetected, translated
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+Timeout = float | timedelta | None
+AnyConnection = psycopg.Connection | psycopg.AsyncConnection
+
+locks_log = logging.getLogger("pglockkit.locks")
+leases_log = logging.getLogger("pglockkit.leases")
+runs_log = logging.getLogger("pglockkit.runs")
+
+
+def _first(rows: Rows) -> Any:
+    return rows[0][0]
+
+
+def _nothing(rows: Rows) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One SQL statement and what to make of it.
+
+    ``done(result, elapsed_s)`` runs after success (logging); ``failed(exc, elapsed_s)`` runs on
+    an error already translated to a pglockkit exception where one maps: it re-raises, or
+    returns a result that stands in for the call's (a lost session that freed its lock itself)."""
+
+    query: str | sql.Composable
+    params: Sequence[Any] | Mapping[str, Any] = ()
+    decode: Callable[[Rows], T] = _first
+    done: Callable[[T, float], None] | None = None
+    failed: Callable[[Exception, float], T] | None = None
+
+
+def run(conn: psycopg.Connection, call: Call[T]) -> T:
+    """Execute ``call`` on a sync connection."""
+    started = time.monotonic()
+    try:
+        with translated():
+            rows = conn.execute(call.query, call.params).fetchall()
+    except Exception as exc:
+        if call.failed is None:
+            raise
+        return call.failed(exc, time.monotonic() - started)
+    return _finish(call, rows, started)
+
+
+async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
+    """Execute ``call`` on an async connection."""
+    started = time.monotonic()
+    try:
+        with translated():
+            rows = await (await conn.execute(call.query, call.params)).fetchall()
+    except Exception as exc:
+        if call.failed is None:
+            raise
+        return call.failed(exc, time.monotonic() - started)
+    return _finish(call, rows, started)
+
+
+def _finish(call: Call[T], rows: Rows, started: float) -> T:
+    result = call.decode(rows)
+    if call.done is not None:
+        call.done(result, time.monotonic() - started)
+    return result
+
+
+def seconds(value: float | timedelta) -> timedelta:
+    """Seconds (float) or a timedelta, as the interval the SQL functions take."""
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def interval(timeout: Timeout) -> timedelta | None:
+    return None if timeout is None else seconds(timeout)
+
+
+def _ms(elapsed: float) -> float:
+    return round(elapsed * 1000, 1)
+
+
+# --- locks ----------------------------------------------------------------------------------
+
+
+def lock_event(event: str, ns: str, resource: object, key: int | None, **fields: object) -> None:
+    """The structured record of an acquisition, skip, timeout or release (``record.pglockkit``)."""
+    data = {"event": event, "namespace": ns, "resource": resource, "key": key, **fields}
+    text = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+    locks_log.info("%s", text, extra={"pglockkit": data})
+
+
+def require_transaction(conn: AnyConnection, what: str) -> None:
+    """Refuse a transaction-level lock that an autocommit statement would release at once."""
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise ValueError(
+            f"{what} takes a transaction-level lock, which an autocommit statement would release "
+            "at once: call it inside `with conn.transaction():`"
+        )
+
+
+def register_namespace(
+    name: str, id: int | None, description: str | None, lock_timeout: Timeout
+) -> Call[int]:
+    return Call(
+        "SELECT pglockkit.register_namespace(%s, %s, %s, %s)", (name, id, description, interval(lock_timeout))
+    )
+
+
+NAMESPACE_COLUMNS = ("id", "name", "description", "owner", "lock_timeout", "created_at")
+
+
+def namespaces() -> Call[list[dict]]:
+    return Call(
+        f"SELECT {', '.join(NAMESPACE_COLUMNS)} FROM pglockkit.namespaces ORDER BY id",
+        decode=lambda rows: [dict(zip(NAMESPACE_COLUMNS, row, strict=True)) for row in rows],
+    )
+
+
+def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
+    require_transaction(conn, "try_xact_lock")
+    return Call(
+        "SELECT pglockkit.try_xact_lock(%s, %s)",
+        (ns, resource),
+        done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, None, scope="xact"),
+    )
+
+
+def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Call[int]:
+    require_transaction(conn, "xact_lock")
+
+    def failed(exc: Exception, elapsed: float) -> int:
+        if isinstance(exc, LockTimeout):
+            if timeout is not None:
+                exc.retry_after = seconds(timeout).total_seconds()
+            lock_event("timeout", ns, resource, None, scope="xact", wait_ms=_ms(elapsed))
+        raise exc
+
+    return Call(
+        "SELECT pglockkit.xact_lock(%s, %s, %s)",
+        (ns, resource, interval(timeout)),
+        done=lambda key, elapsed: lock_event(
+            "acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed)
+        ),
+        failed=failed,
+    )
+
+
+def xact_lock_all(
+    conn: AnyConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout
+) -> Call[list[int]]:
+    require_transaction(conn, "xact_lock_all")
+    resources = list(resources)
+    array_type = "bigint[]" if resources and all(isinstance(r, int) for r in resources) else "text[]"
+    return Call(
+        sql.SQL("SELECT pglockkit.xact_lock_all(%s, %s::{}, %s)").format(sql.SQL(array_type)),
+        (ns, resources, interval(timeout)),
+        done=lambda keys, elapsed: lock_event(
+            "acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=_ms(elapsed)
+        ),
+    )
+
+
+def lock_rows(conn: AnyConnection, table: str, ids: Sequence[int], timeout: Timeout) -> Call[int]:
+    require_transaction(conn, "lock_rows")
+    return Call(
+        "SELECT pglockkit.lock_rows(%s::regclass, %s::bigint[], %s)", (table, list(ids), interval(timeout))
+    )
+
+
+def refuse_pooler(conn: AnyConnection) -> Call[None]:
+    """Raises ``PoolerDetected`` unless ``conn`` reaches the server directly.
+
+    PostgreSQL's BackendKeyData carries the pid of the backend serving the connection; a pooler
+    (PgBouncer) or proxy answers the startup itself with a key of its own, so the pid differs."""
+    client_pid = conn.info.backend_pid
+
+    def decode(rows: Rows) -> None:
+        server_pid = rows[0][0]
+        if client_pid != server_pid:
+            raise PoolerDetected(
+                "sole_writer needs a direct connection to PostgreSQL, but a connection pooler or proxy "
+                f"was detected (client-side pid {client_pid}, server pid {server_pid}): a session lock "
+                "taken through it can stay on a server session that serves other clients. Pass a DSN "
+                "that reaches PostgreSQL directly (not PgBouncer), or use xact_lock inside a transaction.",
+                client_pid=client_pid,
+                server_pid=server_pid,
+            )
+
+    return Call("SELECT pg_backend_pid()", decode=decode)
+
+
+def server_keepalives(window: dict[str, int] | None) -> Call[None]:
+    """``set_server_keepalives``: the session's ``tcp_keepalives_*`` and ``tcp_user_timeout``."""
+    settings = {**SERVER_KEEPALIVES, **(window or {})}
+    unknown = set(settings) - set(SERVER_KEEPALIVES)
+    if unknown:
+        raise ValueError(f"unknown keepalive settings {sorted(unknown)}; use {sorted(SERVER_KEEPALIVES)}")
+    for name, value in settings.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    window_s = (
+        settings["tcp_keepalives_idle"]
+        + settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
+    )
+    settings["tcp_user_timeout"] = window_s * 1000  # milliseconds
+    return Call(
+        "SELECT pg_catalog.set_config(k, v, false) FROM unnest(%s::text[], %s::text[]) AS s(k, v)",
+        (list(settings), [str(v) for v in settings.values()]),
+        decode=_nothing,
+    )
+
+
+def try_session_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[tuple[int, bool]]:
+    """``sole_writer``'s try-lock: (key, got); logs the acquisition (a skip is logged by
+    ``lock_holders``, which names the holder)."""
+    backend_pid = conn.info.backend_pid
+
+    def done(result: tuple[int, bool], elapsed: float) -> None:
+        key, got = result
+        if got:
+            lock_event(
+                "acquired", ns, resource, key, scope="session", backend_pid=backend_pid, wait_ms=_ms(elapsed)
+            )
+
+    return Call(
+        "SELECT pglockkit.lock_key(%s, %s), pglockkit.try_lock(%s, %s)",
+        (ns, resource, ns, resource),
+        decode=lambda rows: (rows[0][0], rows[0][1]),
+        done=done,
+    )
+
+
+def lock_holders(ns: str, resource: str | int, key: int) -> Call[str | None]:
+    """Who holds ``key``, logged as a skip."""
+    return Call(
+        "SELECT pglockkit._lock_holders(%s)",
+        (key,),
+        done=lambda holders, _: lock_event(
+            "skipped", ns, resource, key, scope="session", held_by_pid=holders
+        ),
+    )
+
+
+def session_unlock(ns: str, resource: str | int, key: int, acquired_at: float) -> Call[None]:
+    """Release ``sole_writer``'s lock; a session already gone released it with itself."""
+
+    def hold_ms() -> float:
+        return _ms(time.monotonic() - acquired_at)
+
+    def failed(exc: Exception, _: float) -> None:
+        if not isinstance(exc, psycopg.OperationalError):
+            raise exc
+        # The session is gone (killed backend, network): the server released the lock with it.
+        lock_event("released", ns, resource, key, scope="session", hold_ms=hold_ms(), by="session end")
+
+    return Call(
+        "SELECT pglockkit.unlock(%s, %s)",
+        (ns, resource),
+        decode=_nothing,
+        done=lambda _, __: lock_event("released", ns, resource, key, scope="session", hold_ms=hold_ms()),
+        failed=failed,
+    )
+
+
+# --- leases ---------------------------------------------------------------------------------
+
+
+def acquire_lease(name: str, holder: str, ttl: float | timedelta, bind_session: bool) -> Call[int | None]:
+    return Call("SELECT pglockkit.acquire_lease(%s, %s, %s, %s)", (name, holder, seconds(ttl), bind_session))
+
+
+def renew_lease(name: str, holder: str, token: int, ttl: float | timedelta) -> Call[bool]:
+    return Call("SELECT pglockkit.renew_lease(%s, %s, %s, %s)", (name, holder, token, seconds(ttl)))
+
+
+def release_lease(name: str, holder: str, token: int) -> Call[bool]:
+    return Call("SELECT pglockkit.release_lease(%s, %s, %s)", (name, holder, token))
+
+
+def check_fence(name: str, token: int) -> Call[None]:
+    return Call("SELECT pglockkit.check_fence(%s, %s)", (name, token), decode=_nothing)
+
+
+def lease_acquire_event(name: str, holder: str, token: int | None) -> None:
+    state = "acquired" if token is not None else "busy"
+    leases_log.info("lease %s name=%s holder=%s token=%s", state, name, holder, token)
+
+
+def lease_lost_event(name: str, holder: str, token: int | None, reason: str) -> None:
+    leases_log.warning("lease lost name=%s holder=%s token=%s reason=%s", name, holder, token, reason)
+
+
+def lease_release_event(name: str, holder: str, token: int | None) -> None:
+    leases_log.info("lease released name=%s holder=%s token=%s", name, holder, token)
+
+
+def renewal_error(exc: Exception) -> str:
+    """``lost_reason`` of a renewal that raised."""
+    return f"renewal failed: {exc.__class__.__name__}: {str(exc).strip()}"
+
+
+RENEWAL_REFUSED = "renewal refused: the lease expired or changed hands"
+
+
+# --- queue ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job. ``token`` is the fencing token of this claim."""
+
+    id: int
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    token: int
+    lease_expires_at: datetime
+
+
+Job.__module__ = "pglockkit.queue"  # its public home
+
+
+def enqueue(
+    queue: str,
+    payload: Any,
+    *,
+    run_at: datetime | None,
+    delay: float | timedelta | None,
+    priority: int,
+    dedup_key: str | None,
+    max_attempts: int,
+    concurrency_key: str | None,
+    concurrency_limit: int | None,
+) -> Call[int]:
+    if run_at is not None and delay is not None:
+        raise ValueError("give run_at or delay, not both")
+    when = "now()" if run_at is None and delay is None else "%(run_at)s"
+    if delay is not None:
+        when = "clock_timestamp() + %(delay)s"
+    return Call(
+        f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s, "
+        "%(ckey)s, %(climit)s)",
+        {
+            "queue": queue,
+            "payload": Jsonb({} if payload is None else payload),
+            "run_at": run_at,
+            "delay": None if delay is None else seconds(delay),
+            "priority": priority,
+            "dedup": dedup_key,
+            "ckey": concurrency_key,
+            "climit": concurrency_limit,
+            "max": max_attempts,
+        },
+    )
+
+
+def enqueue_many(queue: str, payloads: Sequence[Any], priority: int, max_attempts: int) -> Call[list[int]]:
+    return Call(
+        "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s)",
+        (queue, [Jsonb(p) for p in payloads], priority, max_attempts),
+    )
+
+
+def claim(queue: str, worker: str, lease: float | timedelta, batch: int) -> Call[list[Job]]:
+    return Call(
+        "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at "
+        "FROM pglockkit.claim_job(%s, %s, %s, %s)",
+        (queue, worker, seconds(lease), batch),
+        decode=lambda rows: [Job(*row) for row in rows],
+    )
+
+
+def complete(job: Job) -> Call[bool]:
+    return Call("SELECT pglockkit.complete_job(%s, %s)", (job.id, job.token))
+
+
+def complete_many(jobs: Sequence[Job]) -> Call[int]:
+    return Call(
+        "SELECT pglockkit.complete_jobs(%s::bigint[], %s::bigint[])",
+        ([j.id for j in jobs], [j.token for j in jobs]),
+    )
+
+
+def fail(job: Job, error: str, retry_in: float | timedelta | None) -> Call[str]:
+    return Call(
+        "SELECT pglockkit.fail_job(%s, %s, %s, %s)",
+        (job.id, job.token, error, None if retry_in is None else seconds(retry_in)),
+    )
+
+
+def extend(job: Job, lease: float | timedelta) -> Call[bool]:
+    return Call("SELECT pglockkit.extend_job(%s, %s, %s)", (job.id, job.token, seconds(lease)))
+
+
+def release(job: Job) -> Call[bool]:
+    return Call("SELECT pglockkit.release_job(%s, %s)", (job.id, job.token))
+
+
+def cancel(job_id: int) -> Call[bool]:
+    return Call("SELECT pglockkit.cancel_job(%s)", (job_id,))
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+def start_run(job: str, slot: str, holder: str) -> Call[int | None]:
+    return Call("SELECT pglockkit.start_run(%s, %s, %s)", (job, slot, holder))
+
+
+def finish_run(run_id: int, ok: bool, detail: str | None) -> Call[bool]:
+    return Call("SELECT pglockkit.finish_run(%s, %s, %s)", (run_id, ok, detail))
+
+
+def run_event(event: str, job: str, slot: str, run_id: int | None) -> None:
+    """``run_once``'s log lines: skipped, started, failed, succeeded."""
+    if event == "skipped":
+        runs_log.info("run skipped job=%s slot=%s (already ran or running elsewhere)", job, slot)
+    else:
+        runs_log.info("run %s job=%s slot=%s id=%s", event, job, slot, run_id)
+
+
+def run_failure_detail(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"
