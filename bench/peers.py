@@ -1,0 +1,464 @@
+"""pglockkit's queue next to procrastinate and pgqueuer: the same no-op jobs drained by each one's
+own workers, on the same server, in the same run.
+
+What is measured
+----------------
+Each system gets a database of its own, created here (``<prefix>_<system>``) and set up by its
+own tooling: ``pglockkit.install``, procrastinate's ``schema_manager.apply_schema()``, pgqueuer's
+``Queries.install()``. Then ``--workers`` worker processes per system are started and left idle,
+waiting on LISTEN:
+
+- pglockkit: ``pglockkit work --queue bench_peers --handler bench.peers:noop`` (its ``Worker``:
+  claim, handler and ``complete_job`` in one transaction, a heartbeat thread), batch 1 (the default)
+  and, as a second entry, ``--batch 10``;
+- procrastinate: ``App.run_worker(queues=['bench_peers'])`` with its defaults (concurrency 1), an
+  ``async def`` no-op task;
+- pgqueuer: ``QueueManager.run()`` with its defaults (batch 10, durable tables), an ``async def``
+  no-op entrypoint, over a psycopg ``AsyncConnection``.
+
+One round enqueues ``--jobs`` jobs with the system's own API in one call (procrastinate
+``batch_defer``, pgqueuer ``enqueue`` with lists, ``pglockkit.enqueue_jobs``) and times from its
+commit until no job of the round is left unfinished (polled every 20 ms with one ``EXISTS``
+query): jobs/s = jobs / that time. The workers wake by NOTIFY; they were warmed up by a first
+round of ``--warmup`` jobs that is not recorded. Rounds of the systems alternate in an order
+rotated run by run (``--runs``), so drift of the machine hits them all. Reported: median (min-max)
+jobs/s and each system's median / the best peer's median.
+
+Every worker is its own Python process, as it would be in production; on a small machine they
+share the CPUs with the server, which is part of what is measured (a lighter client drains faster).
+
+procrastinate and pgqueuer are the optional extra ``peers`` (``pip install -e '.[peers]'``); a
+missing one is reported as not installed. The databases are dropped at the end.
+
+Reproduce: ``python -m bench.peers --embedded`` (or ``--dsn DSN`` of a role that may create
+databases); about 1-2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+import pglockkit
+from bench.common import add_target_arguments, environment, positive, spread, target
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PATH = ROOT / "bench" / "results" / "peers.json"
+QUEUE = "bench_peers"
+POLL_S = 0.02
+READY_TIMEOUT_S = 120.0
+NOT_INSTALLED = "not installed (pip install -e '.[peers]')"
+
+
+def noop(job: Any, conn: psycopg.Connection) -> None:
+    """The pglockkit handler: does nothing (``pglockkit work --handler bench.peers:noop``)."""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# The systems
+# ---------------------------------------------------------------------------------------------
+
+
+def _procrastinate_app(dsn: str) -> tuple[Any, Any]:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name="bench_noop", queue=QUEUE)
+    async def bench_noop() -> None:
+        return None
+
+    return app, bench_noop
+
+
+def _procrastinate_setup(dsn: str) -> None:
+    app, _ = _procrastinate_app(dsn)
+    with app.open():
+        app.schema_manager.apply_schema()
+
+
+def _procrastinate_enqueue(dsn: str, jobs: int) -> None:
+    app, task = _procrastinate_app(dsn)
+    with app.open():
+        task.batch_defer(*({} for _ in range(jobs)))
+
+
+def _procrastinate_worker(dsn: str, name: str) -> None:
+    app, _ = _procrastinate_app(dsn)
+    app.run_worker(queues=[QUEUE], name=name, install_signal_handlers=True)
+
+
+async def _pgqueuer_queries(dsn: str) -> tuple[Any, psycopg.AsyncConnection]:
+    from pgqueuer import Queries
+    from pgqueuer.db import PsycopgDriver
+
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    return Queries(PsycopgDriver(conn)), conn
+
+
+def _pgqueuer_setup(dsn: str) -> None:
+    async def setup() -> None:
+        queries, conn = await _pgqueuer_queries(dsn)
+        async with conn:
+            await queries.install()
+
+    asyncio.run(setup())
+
+
+def _pgqueuer_enqueue(dsn: str, jobs: int) -> None:
+    async def enqueue() -> None:
+        queries, conn = await _pgqueuer_queries(dsn)
+        async with conn:
+            await queries.enqueue(["bench_noop"] * jobs, [None] * jobs, [0] * jobs)
+
+    asyncio.run(enqueue())
+
+
+def _pgqueuer_worker(dsn: str, name: str) -> None:
+    from pgqueuer import Queries, QueueManager
+    from pgqueuer.db import PsycopgDriver
+
+    async def work() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+            @qm.entrypoint("bench_noop")
+            async def bench_noop(job: Any) -> None:
+                return None
+
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, qm.shutdown.set)
+            await qm.run()
+
+    asyncio.run(work())
+
+
+def _pglockkit_enqueue(dsn: str, jobs: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pglockkit.enqueue_jobs(%s, array_fill('{}'::jsonb, ARRAY[%s]))", (QUEUE, jobs))
+
+
+@dataclass(frozen=True)
+class System:
+    """One queue system: how to set it up, start a worker, enqueue, and see whether work is left."""
+
+    name: str
+    module: str  # what must be importable
+    setup: Callable[[str], None]
+    enqueue: Callable[[str, int], None]
+    worker: Callable[[str, str], list[str]]  # (dsn, worker name) -> argv of one worker process
+    unfinished_sql: str
+    settings: str
+
+
+def _pglockkit_worker(batch: int) -> Callable[[str, str], list[str]]:
+    def argv(dsn: str, name: str) -> list[str]:
+        return [
+            sys.executable,
+            *("-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", QUEUE),
+            *("--handler", "bench.peers:noop", "--name", name, "--batch", str(batch)),
+        ]
+
+    return argv
+
+
+def _peer_worker(system: str) -> Callable[[str, str], list[str]]:
+    def argv(dsn: str, name: str) -> list[str]:
+        # Imported as bench.peers, not run as __main__: procrastinate wants its tasks importable.
+        boot = "import sys; from bench import peers; sys.exit(peers.main())"
+        return [sys.executable, "-c", boot, "--worker", system, "--dsn", dsn, "--name", name]
+
+    return argv
+
+
+PGLOCKKIT_UNFINISHED = (
+    "SELECT EXISTS (SELECT 1 FROM pglockkit.jobs "
+    f"WHERE queue = '{QUEUE}' AND status IN ('queued', 'running'))"
+)
+SYSTEMS = [
+    System(
+        "pglockkit",
+        "pglockkit",
+        lambda dsn: pglockkit.install(dsn),
+        _pglockkit_enqueue,
+        _pglockkit_worker(1),
+        PGLOCKKIT_UNFINISHED,
+        "`pglockkit work`, batch 1 (default), sync handler",
+    ),
+    System(
+        "pglockkit batch 10",
+        "pglockkit",
+        lambda dsn: pglockkit.install(dsn),
+        _pglockkit_enqueue,
+        _pglockkit_worker(10),
+        PGLOCKKIT_UNFINISHED,
+        "`pglockkit work --batch 10`, sync handler",
+    ),
+    System(
+        "procrastinate",
+        "procrastinate",
+        _procrastinate_setup,
+        _procrastinate_enqueue,
+        _peer_worker("procrastinate"),
+        "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+        "`run_worker`, defaults (concurrency 1), async task",
+    ),
+    System(
+        "pgqueuer",
+        "pgqueuer",
+        _pgqueuer_setup,
+        _pgqueuer_enqueue,
+        _peer_worker("pgqueuer"),
+        "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+        "`QueueManager.run`, defaults (batch 10, durable), async entrypoint",
+    ),
+]
+WORKERS = {"procrastinate": _procrastinate_worker, "pgqueuer": _pgqueuer_worker}
+
+
+def system_version(system: System) -> str:
+    from importlib.metadata import version
+
+    return version(system.module)
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases, workers, rounds
+# ---------------------------------------------------------------------------------------------
+
+
+def _db_name(prefix: str, system: System) -> str:
+    return f"{prefix}_{system.name.replace(' ', '_')}"
+
+
+def _dsn_for(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+def _drop_database(admin: psycopg.Connection, name: str) -> None:
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _create_database(admin: psycopg.Connection, name: str) -> None:
+    _drop_database(admin, name)
+    admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+
+
+@dataclass
+class Running:
+    """A system set up in its own database, with its idle workers."""
+
+    system: System
+    dsn: str
+    procs: list[subprocess.Popen]
+    log_path: Path
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def check_alive(self) -> None:
+        dead = [p for p in self.procs if p.poll() is not None]
+        if dead:
+            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"{self.system.name}: a worker exited ({dead[0].returncode}):\n{tail}")
+
+
+def start(system: System, dsn: str, workers: int, log_dir: Path) -> Running:
+    system.setup(dsn)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
+    env["PYTHONWARNINGS"] = "ignore"
+    log_path = log_dir / f"peers-{system.name.replace(' ', '_')}.log"
+    log = log_path.open("w", encoding="utf-8")
+    procs = [
+        subprocess.Popen(
+            system.worker(dsn, f"bench-{i}"), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        for i in range(workers)
+    ]
+    log.close()
+    return Running(system, dsn, procs, log_path)
+
+
+def drain(running: Running, jobs: int, timeout: float) -> float:
+    """Enqueue ``jobs`` and wait until none is unfinished; returns jobs/s from the enqueue's commit."""
+    with psycopg.connect(running.dsn, autocommit=True) as conn:
+        running.system.enqueue(running.dsn, jobs)
+        started = time.perf_counter()
+        deadline = started + timeout
+        while conn.execute(running.system.unfinished_sql, prepare=True).fetchone()[0]:
+            running.check_alive()
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{running.system.name}: {jobs} jobs not drained in {timeout:.0f} s")
+            time.sleep(POLL_S)
+        elapsed = time.perf_counter() - started
+    running.check_alive()
+    return jobs / elapsed
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line and report
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.splitlines()[0])
+    add_target_arguments(parser)
+    parser.add_argument("--workers", type=positive(int), default=4, help="worker processes per system (4)")
+    parser.add_argument("--jobs", type=positive(int), default=5000, help="no-op jobs per round (5000)")
+    parser.add_argument("--runs", type=positive(int), default=3, help="rounds per system (default 3)")
+    parser.add_argument(
+        "--warmup", type=positive(int), default=200, help="jobs of the unrecorded first round"
+    )
+    parser.add_argument("--timeout", type=positive(float), default=120.0, help="seconds per round at most")
+    parser.add_argument("--prefix", default="pglockkit_bench_peers", help="database name prefix")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)  # a worker process
+    parser.add_argument("--name", default="bench", help=argparse.SUPPRESS)
+    return parser
+
+
+def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
+    systems = [s for s in SYSTEMS if installed(s.module)]
+    missing = {s.name: NOT_INSTALLED for s in SYSTEMS if not installed(s.module)}
+    log_dir = args.output.parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rates: dict[str, list[float]] = {s.name: [] for s in systems}
+    running: list[Running] = []
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        version = admin.execute("SHOW server_version").fetchone()[0]
+        try:
+            for system in systems:
+                name = _db_name(args.prefix, system)
+                _create_database(admin, name)
+                running.append(start(system, _dsn_for(dsn, name), args.workers, log_dir))
+            for r in running:  # the first round waits for the workers to start, and warms them up
+                drain(r, args.warmup, READY_TIMEOUT_S)
+                _log(f"[peers] {r.system.name}: {args.workers} workers ready")
+            for i in range(args.runs):
+                shift = i % len(running)
+                for r in running[shift:] + running[:shift]:
+                    rates[r.system.name].append(drain(r, args.jobs, args.timeout))
+                    rate = rates[r.system.name][-1]
+                    _log(f"[peers] run {i + 1}/{args.runs} {r.system.name}: {rate:,.0f} jobs/s")
+        finally:
+            for r in running:
+                r.stop()
+            for system in systems:
+                _drop_database(admin, _db_name(args.prefix, system))
+    env = environment("bench.peers", argv, target_name, version)
+    peers = [s.name for s in systems if s.module != "pglockkit"]
+    best = max((statistics.median(rates[p]) for p in peers), default=None)
+    rows = []
+    for system in SYSTEMS:
+        if system.name in missing:
+            rows.append({"system": system.name, "status": missing[system.name], "settings": system.settings})
+            continue
+        median = statistics.median(rates[system.name])
+        rows.append(
+            {
+                "system": system.name,
+                "status": "measured",
+                "version": system_version(system),
+                "settings": system.settings,
+                "jobs_s": rates[system.name],
+                "median_jobs_s": median,
+                "vs_best_peer": None if best is None else median / best,
+            }
+        )
+    settings = {"workers": args.workers, "jobs": args.jobs, "runs": args.runs, "warmup": args.warmup}
+    return {
+        "environment": env,
+        "settings": settings,
+        "rows": rows,
+        "markdown": render_markdown(env, settings, rows),
+    }
+
+
+def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[dict]) -> str:
+    lines = [
+        "# Queue peers: no-op jobs drained by each system's own workers",
+        "",
+        f"- date: {env['date']}",
+        f"- command: `{env['command']}`",
+        f"- server: {env['server_version']} ({env['target']}); each system in a database of its own",
+        f"- machine: {env['platform']}, {env['cpu']}, nproc {env['nproc']}",
+        f"- settings: {settings['workers']} worker processes per system, {settings['jobs']:,} no-op jobs "
+        f"per round, {settings['runs']} rounds per system (rotated), after a warm-up of {settings['warmup']}",
+        "",
+        "jobs/s from the enqueue's commit until no job is left unfinished, median (min-max) of rounds; "
+        "ratio = median / the best peer's median.",
+        "",
+        "| system | version | workers run as | jobs/s | vs best peer |",
+        "|---|---|---|--:|--:|",
+    ]
+    for r in rows:
+        if r["status"] != "measured":
+            lines.append(f"| {r['system']} | - | {r['settings']} | {r['status']} | - |")
+            continue
+        ratio = "-" if r["vs_best_peer"] is None else f"{r['vs_best_peer']:.2f}"
+        lines.append(
+            f"| {r['system']} | {r['version']} | {r['settings']} | {spread(r['jobs_s'])} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.worker:  # one worker process of a peer, started by start()
+        logging.basicConfig(level=logging.WARNING)
+        with contextlib.suppress(KeyboardInterrupt):
+            WORKERS[args.worker](args.dsn, args.name)
+        return 0
+    dsn, target_name = target(args)
+    data = run(dsn, args, target_name, argv)
+    print(data.pop("markdown"))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    from bench import peers  # this module under its own name, so that procrastinate's tasks are importable
+
+    sys.exit(peers.main())
