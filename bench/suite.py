@@ -72,7 +72,7 @@ SECTIONS = [
         ("--seconds", "1", "--runs", "3", "--workers", "1,2,4,8,16", "--batches", "1,10,100"),
         (
             *("--seconds", "0.2", "--runs", "1", "--clients", "1", "--workers", "1,2"),
-            *("--backlog-small", "300", "--backlog-large", "1500", "--batches", "1,10"),
+            *("--backlog-small", "1500", "--backlog-large", "4000", "--batches", "1,10"),
         ),
         210,
     ),
@@ -100,7 +100,7 @@ SECTIONS = [
         "pgbench: xact_lock vs pg_advisory_xact_lock vs SELECT ... FOR UPDATE (seed 004)",
         pgbench_compare,
         ("--seconds", "1", "--runs", "3", "--clients", "1,2,4,8,16"),
-        ("--seconds", "1", "--runs", "1", "--clients", "1,2"),
+        ("--seconds", "1", "--runs", "1", "--clients", "2"),
         75,
     ),
     Section(

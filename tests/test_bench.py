@@ -1,0 +1,83 @@
+"""Smoke test of the benchmark suite: ``python -m bench --quick`` end to end on each test server.
+
+The numbers of a quick run mean nothing; the test checks that every section ran and reported
+numbers, and that suite.md and suite.json were written. procrastinate and pgqueuer are the optional
+extra ``peers``: without them (as in CI) their rows must say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import peers, suite
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    assert suite.main(["--dsn", db.dsn, "--quick", "--output-dir", str(tmp_path)]) == 0
+    elapsed = time.monotonic() - started
+
+    doc = json.loads((tmp_path / "suite.json").read_text(encoding="utf-8"))
+    markdown = (tmp_path / "suite.md").read_text(encoding="utf-8")
+    assert markdown == capsys.readouterr().out
+    assert "| section | measure | result | target |" in markdown
+    env = doc["environment"]
+    assert env["nproc"] >= 1 and env["cpu"] and env["date"] and env["command"].startswith("python -m bench")
+    assert env["server_short"].split(".")[0] == str(db.server.version)
+
+    sections = doc["sections"]
+    assert list(sections) == [s.name for s in suite.SECTIONS]
+    assert {row["section"] for row in doc["summary"]} == set(sections)
+    for name, section in sections.items():
+        assert _positive(section["seconds"]), name
+        assert section["markdown"].strip(), name
+
+    lock = sections["lock"]["data"]
+    assert lock["round_trips"] and all(_positive(r["ratio"]) for r in lock["round_trips"])
+    assert _positive(lock["server_side"]["cost_ratio"])
+
+    queue = sections["queue"]["data"]["results"]
+    assert set(queue) == {"claim_complete", "scaling", "backlog", "batch"}
+    assert all(_positive(r["ratio"]) for r in queue["claim_complete"])
+    assert all(_positive(r["queue_jobs_s"]) and _positive(r["global_lock_units_s"]) for r in queue["scaling"])
+    assert [c["case"] for c in queue["backlog"]["cases"]] == ["a", "b", "c"]
+    assert all(_positive(c["ratio_vs_a"]) for c in queue["backlog"]["cases"])
+    assert all(_positive(r["jobs_s"]) for r in queue["batch"])
+
+    lease = sections["lease"]["data"]
+    assert lease["rows"] and all(_positive(r["ratio"]) for r in lease["rows"])
+
+    monitoring = sections["monitoring"]["data"]
+    assert monitoring["locks_held"] > 0 and _positive(monitoring["kept"])
+    assert all(_positive(v) for values in monitoring["latency_ms"].values() for v in values)
+
+    pgbench = sections["pgbench"]["data"]
+    assert pgbench["environment"]["pgbench"].startswith("pgbench")
+    for row in pgbench["rows"]:
+        assert set(row["median_tps"]) == {
+            "pglockkit.xact_lock",
+            "pg_advisory_xact_lock",
+            "SELECT ... FOR UPDATE",
+        }
+        assert all(_positive(v) for v in row["median_tps"].values())
+
+    rows = {r["system"]: r for r in sections["peers"]["data"]["rows"]}
+    assert set(rows) == {"pglockkit", "pglockkit batch 10", "procrastinate", "pgqueuer"}
+    for name, row in rows.items():
+        if name.startswith("pglockkit") or peers.installed(name):
+            assert row["status"] == "measured", name
+            assert all(_positive(v) for v in row["jobs_s"]), name
+        else:
+            assert row["status"] == peers.NOT_INSTALLED, name
+            assert f"| {name} | - |" in markdown and peers.NOT_INSTALLED in markdown
+    assert elapsed < 90, f"the quick suite took {elapsed:.0f} s (about 30 s on an idle 2-core machine)"
