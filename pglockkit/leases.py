@@ -7,11 +7,13 @@ stopped by ``check_fence`` in its own transaction.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
@@ -47,7 +49,56 @@ def check_fence(conn: psycopg.Connection, name: str, token: int) -> None:
     _calls.run(conn, _calls.check_fence(name, token))
 
 
-class Lease:
+class _LeaseState:
+    """What ``Lease`` and ``pglockkit.aio.Lease`` share: settings, token, and how a loss is
+    recorded. ``lost`` is an event of ``_event_type`` (threading or asyncio)."""
+
+    _event_type: Callable[[], threading.Event | asyncio.Event] = threading.Event
+
+    def __init__(
+        self,
+        dsn: str,
+        name: str,
+        ttl: float | timedelta = 30.0,
+        *,
+        holder: str | None = None,
+        bind_session: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[Any], None] | None = None,
+    ):
+        self.dsn = dsn
+        self.name = name
+        self.ttl = _calls.seconds(ttl)
+        self.holder = holder or default_holder()
+        self.bind_session = bind_session
+        self.renew_every = renew_every if renew_every is not None else self.ttl.total_seconds() / 3
+        self.on_lost = on_lost
+        self.token: int | None = None
+        self.lost = self._event_type()
+        self.lost_reason: str | None = None
+
+    @property
+    def acquired(self) -> bool:
+        return self.token is not None
+
+    @property
+    def application_name(self) -> str:
+        return f"pglockkit lease {self.name}"
+
+    def _fence_token(self) -> int:
+        if self.token is None:
+            raise RuntimeError(f"lease {self.name!r} was not acquired")
+        return self.token
+
+    def _lose(self, reason: str) -> None:
+        self.lost_reason = reason
+        self.lost.set()
+        _calls.lease_lost_event(self.name, self.holder, self.token, reason)
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+
+class Lease(_LeaseState):
     """Acquire a lease, keep it renewed in the background, release it on exit.
 
     >>> with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
@@ -65,37 +116,11 @@ class Lease:
     ``bind_session=True`` also frees the lease as soon as this process's connection dies.
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        name: str,
-        ttl: float | timedelta = 30.0,
-        *,
-        holder: str | None = None,
-        bind_session: bool = False,
-        renew_every: float | None = None,
-        on_lost: Callable[[Lease], None] | None = None,
-    ):
-        self.dsn = dsn
-        self.name = name
-        self.ttl = _calls.seconds(ttl)
-        self.holder = holder or default_holder()
-        self.bind_session = bind_session
-        self.renew_every = renew_every if renew_every is not None else self.ttl.total_seconds() / 3
-        self.on_lost = on_lost
-        self.token: int | None = None
-        self.lost = threading.Event()
-        self.lost_reason: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection | None = None
-
-    @property
-    def acquired(self) -> bool:
-        return self.token is not None
+    _thread: threading.Thread | None = None
 
     def __enter__(self) -> Lease:
-        self._conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit lease {self.name}")
+        self._stop = threading.Event()
+        self._conn = connect(self.dsn, autocommit=True, application_name=self.application_name)
         try:
             if self.bind_session:  # freed with the session: have the server notice a vanished host
                 set_server_keepalives(self._conn)
@@ -111,16 +136,7 @@ class Lease:
 
     def check_fence(self, conn: psycopg.Connection) -> None:
         """``check_fence(name, token)`` in ``conn``'s current transaction."""
-        if self.token is None:
-            raise RuntimeError(f"lease {self.name!r} was not acquired")
-        check_fence(conn, self.name, self.token)
-
-    def _lose(self, reason: str) -> None:
-        self.lost_reason = reason
-        self.lost.set()
-        _calls.lease_lost_event(self.name, self.holder, self.token, reason)
-        if self.on_lost is not None:
-            self.on_lost(self)
+        check_fence(conn, self.name, self._fence_token())
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.renew_every):

@@ -1,0 +1,429 @@
+"""pglockkit on ``psycopg.AsyncConnection``, for async code (agent frameworks, web handlers).
+
+The same operations, names and arguments as ``pglockkit.locks``, ``leases``, ``queue`` and
+``runs``, awaited. Each one runs the call description the sync function runs
+(``pglockkit._calls``): the SQL, argument checks, result decoding, error translation and log
+records are the same by construction.
+
+>>> import pglockkit.aio as aio  # doctest: +SKIP
+>>> async with await aio.connect(dsn) as conn:
+...     async with conn.transaction():
+...         await aio.xact_lock(conn, "billing", "invoice:7", timeout=0.2)
+>>> async with aio.sole_writer(dsn, "graphs", "restock_plan") as mine:
+...     if mine:
+...         await graph.ainvoke(state)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+
+from pglockkit import _calls
+from pglockkit._calls import Job, Timeout
+from pglockkit.connection import connect_params
+from pglockkit.errors import RetryableError
+from pglockkit.leases import _LeaseState, default_holder
+from pglockkit.retry import check_attempts, pause_or_raise
+from pglockkit.runs import today_utc
+
+T = TypeVar("T")
+
+__all__ = [
+    "Job",
+    "Lease",
+    "acquire_lease",
+    "cancel",
+    "check_fence",
+    "claim",
+    "complete",
+    "complete_many",
+    "connect",
+    "enqueue",
+    "enqueue_many",
+    "extend",
+    "fail",
+    "finish_run",
+    "lock_rows",
+    "namespaces",
+    "register_namespace",
+    "release",
+    "release_lease",
+    "renew_lease",
+    "retry",
+    "run_once",
+    "set_server_keepalives",
+    "singleton",
+    "sole_writer",
+    "start_run",
+    "try_xact_lock",
+    "xact_lock",
+    "xact_lock_all",
+]
+
+
+# --- connections ----------------------------------------------------------------------------
+
+
+async def connect(
+    dsn: str = "", *, autocommit: bool = False, application_name: str | None = None, **kwargs: Any
+) -> psycopg.AsyncConnection:
+    """``pglockkit.connect`` for async code: TCP keepalives on, client-side prepared statements off."""
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=autocommit, **connect_params(application_name, kwargs)
+    )
+
+
+async def set_server_keepalives(conn: psycopg.AsyncConnection, window: dict[str, int] | None = None) -> None:
+    """``pglockkit.connection.set_server_keepalives`` on an async connection."""
+    await _calls.arun(conn, _calls.server_keepalives(window))
+
+
+# --- locks ----------------------------------------------------------------------------------
+
+
+async def register_namespace(
+    conn: psycopg.AsyncConnection,
+    name: str,
+    id: int | None = None,
+    description: str | None = None,
+    lock_timeout: Timeout = None,
+) -> int:
+    """Register (idempotently) a lock namespace; returns its id."""
+    return await _calls.arun(conn, _calls.register_namespace(name, id, description, lock_timeout))
+
+
+async def namespaces(conn: psycopg.AsyncConnection) -> list[dict]:
+    """The namespace registry, ordered by id."""
+    return await _calls.arun(conn, _calls.namespaces())
+
+
+async def try_xact_lock(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> bool:
+    """Take a transaction-level lock if free; False at once otherwise."""
+    return await _calls.arun(conn, _calls.try_xact_lock(conn, ns, resource))
+
+
+async def xact_lock(
+    conn: psycopg.AsyncConnection, ns: str, resource: str | int, timeout: Timeout = None
+) -> int:
+    """Take a transaction-level lock, waiting at most ``timeout``; ``LockTimeout`` (55P03) after.
+
+    >>> async with conn.transaction():  # doctest: +SKIP
+    ...     await xact_lock(conn, "billing", "invoice:42", timeout=2)
+    """
+    return await _calls.arun(conn, _calls.xact_lock(conn, ns, resource, timeout))
+
+
+async def xact_lock_all(
+    conn: psycopg.AsyncConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout = None
+) -> list[int]:
+    """Lock many resources for the transaction in ascending key order, within one ``timeout``."""
+    return await _calls.arun(conn, _calls.xact_lock_all(conn, ns, resources, timeout))
+
+
+async def lock_rows(
+    conn: psycopg.AsyncConnection, table: str, ids: Sequence[int], timeout: Timeout = None
+) -> int:
+    """Lock rows ``FOR UPDATE`` by id in ascending order; returns how many exist."""
+    return await _calls.arun(conn, _calls.lock_rows(conn, table, ids, timeout))
+
+
+@asynccontextmanager
+async def sole_writer(
+    dsn: str,
+    ns: str,
+    resource: str | int,
+    *,
+    application_name: str | None = None,
+    keepalives: dict[str, int] | None = None,
+) -> AsyncIterator[bool]:
+    """``pglockkit.sole_writer`` for async code: True if this caller won the session lock, False
+    at once if another holds it. Same dedicated connection, server keepalives and pooler refusal.
+
+    >>> async with sole_writer(dsn, "graphs", "restock_plan") as mine:  # doctest: +SKIP
+    ...     if mine:
+    ...         await graph.ainvoke(state)
+    """
+    conn = await connect(
+        dsn, autocommit=True, application_name=application_name or f"pglockkit sole_writer {ns}"
+    )
+    try:
+        await _calls.arun(conn, _calls.refuse_pooler(conn))
+        await set_server_keepalives(conn, keepalives)
+        key, got = await _calls.arun(conn, _calls.try_session_lock(conn, ns, resource))
+        if not got:
+            await _calls.arun(conn, _calls.lock_holders(ns, resource, key))
+        acquired_at = time.monotonic()
+        try:
+            yield got
+        finally:
+            if got:
+                await _calls.arun(conn, _calls.session_unlock(ns, resource, key, acquired_at))
+    finally:
+        await conn.close()
+
+
+# --- leases ---------------------------------------------------------------------------------
+
+
+async def acquire_lease(
+    conn: psycopg.AsyncConnection, name: str, holder: str, ttl: float | timedelta, bind_session: bool = False
+) -> int | None:
+    """The new fencing token, or None while another holder's lease is live."""
+    return await _calls.arun(conn, _calls.acquire_lease(name, holder, ttl, bind_session))
+
+
+async def renew_lease(
+    conn: psycopg.AsyncConnection, name: str, holder: str, token: int, ttl: float | timedelta
+) -> bool:
+    """True if the lease was still ours and now lasts ``ttl`` from now."""
+    return await _calls.arun(conn, _calls.renew_lease(name, holder, token, ttl))
+
+
+async def release_lease(conn: psycopg.AsyncConnection, name: str, holder: str, token: int) -> bool:
+    """True if the lease was ours and is now free."""
+    return await _calls.arun(conn, _calls.release_lease(name, holder, token))
+
+
+async def check_fence(conn: psycopg.AsyncConnection, name: str, token: int) -> None:
+    """In the writer's transaction: ``StaleToken`` unless ``token`` is the live lease's."""
+    await _calls.arun(conn, _calls.check_fence(name, token))
+
+
+class Lease(_LeaseState):
+    """``pglockkit.Lease`` for async code: renewed by an asyncio task, ``lost`` an ``asyncio.Event``.
+
+    >>> async with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
+    ...     if lease.acquired:
+    ...         async with conn.transaction():
+    ...             await lease.check_fence(conn)
+    ...             await write(conn)
+    """
+
+    _event_type = asyncio.Event
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Lease:
+        self._stop = asyncio.Event()
+        self._conn = await connect(self.dsn, autocommit=True, application_name=self.application_name)
+        try:
+            if self.bind_session:
+                await set_server_keepalives(self._conn)
+            self.token = await acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
+        except BaseException:
+            await self._conn.close()
+            raise
+        _calls.lease_acquire_event(self.name, self.holder, self.token)
+        if self.acquired:
+            self._task = asyncio.create_task(self._renew_loop(), name=f"lease-{self.name}")
+        return self
+
+    async def check_fence(self, conn: psycopg.AsyncConnection) -> None:
+        """``check_fence(name, token)`` in ``conn``'s current transaction."""
+        await check_fence(conn, self.name, self._fence_token())
+
+    async def _renew_loop(self) -> None:
+        while True:
+            try:  # a stop ends the wait, never a renewal in flight on the lease's connection
+                await asyncio.wait_for(self._stop.wait(), self.renew_every)
+                return
+            except TimeoutError:
+                pass
+            try:
+                ok = await renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
+            except psycopg.Error as exc:
+                self._lose(_calls.renewal_error(exc))
+                return
+            if not ok:
+                self._lose(_calls.RENEWAL_REFUSED)
+                return
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        try:
+            if self.acquired and not self.lost.is_set():
+                await release_lease(self._conn, self.name, self.holder, self.token)
+                _calls.lease_release_event(self.name, self.holder, self.token)
+        except psycopg.OperationalError:
+            pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
+        finally:
+            await self._conn.close()
+
+
+# --- queue ----------------------------------------------------------------------------------
+
+
+async def enqueue(
+    conn: psycopg.AsyncConnection,
+    queue: str,
+    payload: Any = None,
+    *,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    priority: int = 0,
+    dedup_key: str | None = None,
+    max_attempts: int = 5,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> int:
+    """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one)."""
+    call = _calls.enqueue(
+        queue,
+        payload,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        dedup_key=dedup_key,
+        max_attempts=max_attempts,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+    )
+    return await _calls.arun(conn, call)
+
+
+async def enqueue_many(
+    conn: psycopg.AsyncConnection,
+    queue: str,
+    payloads: Sequence[Any],
+    *,
+    priority: int = 0,
+    max_attempts: int = 5,
+) -> list[int]:
+    """Add one job per payload in one statement; returns the ids in payload order."""
+    return await _calls.arun(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts))
+
+
+async def claim(
+    conn: psycopg.AsyncConnection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
+) -> list[Job]:
+    """Claim up to ``batch`` jobs; never waits on other claimers."""
+    return await _calls.arun(conn, _calls.claim(queue, worker, lease, batch))
+
+
+async def complete(conn: psycopg.AsyncConnection, job: Job) -> bool:
+    """Mark done; False if this claim is stale (the job was reclaimed or cancelled)."""
+    return await _calls.arun(conn, _calls.complete(job))
+
+
+async def complete_many(conn: psycopg.AsyncConnection, jobs: Sequence[Job]) -> int:
+    """Complete a batch in one statement; returns how many claims were current."""
+    return await _calls.arun(conn, _calls.complete_many(jobs))
+
+
+async def fail(
+    conn: psycopg.AsyncConnection, job: Job, error: str, retry_in: float | timedelta | None = None
+) -> str:
+    """Record a failed attempt; returns 'queued' (will retry), 'dead' or 'stale'."""
+    return await _calls.arun(conn, _calls.fail(job, error, retry_in))
+
+
+async def extend(conn: psycopg.AsyncConnection, job: Job, lease: float | timedelta) -> bool:
+    """Heartbeat; False if the claim is stale."""
+    return await _calls.arun(conn, _calls.extend(job, lease))
+
+
+async def release(conn: psycopg.AsyncConnection, job: Job) -> bool:
+    """Give a claimed job back unstarted (its attempt does not count)."""
+    return await _calls.arun(conn, _calls.release(job))
+
+
+async def cancel(conn: psycopg.AsyncConnection, job_id: int) -> bool:
+    """Cancel a queued or running job; False if it had already finished."""
+    return await _calls.arun(conn, _calls.cancel(job_id))
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+async def start_run(conn: psycopg.AsyncConnection, job: str, slot: str, holder: str) -> int | None:
+    """The run id if this caller won ``job``/``slot``, else None."""
+    return await _calls.arun(conn, _calls.start_run(job, slot, holder))
+
+
+async def finish_run(conn: psycopg.AsyncConnection, run_id: int, ok: bool, detail: str | None = None) -> bool:
+    """Record the outcome; False if the run had already finished."""
+    return await _calls.arun(conn, _calls.finish_run(run_id, ok, detail))
+
+
+@asynccontextmanager
+async def run_once(
+    dsn: str, job: str, slot: str | None = None, holder: str | None = None
+) -> AsyncIterator[int | None]:
+    """``pglockkit.run_once`` for async code: the run id if this process won the slot, else None;
+    an exception records the run as failed."""
+    slot = slot or today_utc()
+    async with await connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
+        run_id = await start_run(conn, job, slot, holder or default_holder())
+        if run_id is None:
+            _calls.run_event("skipped", job, slot, None)
+            yield None
+            return
+        _calls.run_event("started", job, slot, run_id)
+        try:
+            yield run_id
+        except BaseException as exc:
+            await finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+            _calls.run_event("failed", job, slot, run_id)
+            raise
+        await finish_run(conn, run_id, True)
+        _calls.run_event("succeeded", job, slot, run_id)
+
+
+def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
+    """``pglockkit.singleton`` for coroutine functions: at most one run per slot, else None."""
+
+    def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"aio.singleton decorates coroutine functions; use pglockkit.singleton for {fn!r}"
+            )
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T | None:
+            chosen = slot() if callable(slot) else slot
+            async with run_once(dsn, job, chosen) as run:
+                if run is None:
+                    return None
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+# --- retry ----------------------------------------------------------------------------------
+
+
+async def retry(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    attempts: int = 5,
+    base: float = 0.05,
+    cap: float = 5.0,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+) -> T:
+    """``pglockkit.retry`` for coroutines: await ``fn()`` (one whole transaction) until it succeeds,
+    retrying deadlocks, serialization failures and lock timeouts with the same full-jitter backoff.
+
+    >>> async def transfer():  # doctest: +SKIP
+    ...     async with conn.transaction():
+    ...         await xact_lock_all(conn, "accounts", [a, b], timeout=1)
+    >>> await retry(transfer)  # doctest: +SKIP
+    """
+    check_attempts(attempts)
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except (psycopg.Error, RetryableError) as exc:
+            await sleep(pause_or_raise(exc, attempt, attempts, base, cap))
+    raise AssertionError("unreachable")
