@@ -258,18 +258,18 @@ def _db_name(prefix: str, system: System) -> str:
     return f"{prefix}_{system.name.replace(' ', '_')}"
 
 
-def _dsn_for(dsn: str, dbname: str) -> str:
+def dsn_for(dsn: str, dbname: str) -> str:
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
     return make_conninfo(**params)
 
 
-def _drop_database(admin: psycopg.Connection, name: str) -> None:
+def drop_database(admin: psycopg.Connection, name: str) -> None:
     admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _create_database(admin: psycopg.Connection, name: str) -> None:
-    _drop_database(admin, name)
+def create_database(admin: psycopg.Connection, name: str) -> None:
+    drop_database(admin, name)
     admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
 
 
@@ -369,8 +369,8 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         try:
             for system in systems:
                 name = _db_name(args.prefix, system)
-                _create_database(admin, name)
-                running.append(start(system, _dsn_for(dsn, name), args.workers, log_dir))
+                create_database(admin, name)
+                running.append(start(system, dsn_for(dsn, name), args.workers, log_dir))
             for r in running:  # the first round waits for the workers to start, and warms them up
                 drain(r, args.warmup, READY_TIMEOUT_S)
                 _log(f"[peers] {r.system.name}: {args.workers} workers ready")
@@ -384,7 +384,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
             for r in running:
                 r.stop()
             for system in systems:
-                _drop_database(admin, _db_name(args.prefix, system))
+                drop_database(admin, _db_name(args.prefix, system))
     env = environment("bench.peers", argv, target_name, version)
     peers = [s.name for s in systems if s.module != "pglockkit"]
     best = max((statistics.median(rates[p]) for p in peers), default=None)

@@ -15,7 +15,9 @@ another on the same server:
 Each section has a time budget; the report flags a section that overran it. The defaults take about
 6-8 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
 test; its numbers mean nothing). The target is ``--dsn``, else ``$PGLOCKKIT_DSN``, else the
-embedded PostgreSQL 18 (started if needed).
+embedded PostgreSQL 18 (started if needed). The suite works in a database of its own on that server
+(``--database``, created, pglockkit installed, dropped at the end), so it needs a role that may
+create databases; the peers section creates one per queue system.
 
 Output: the markdown report on stdout (progress on stderr), and ``suite.md`` and ``suite.json`` in
 ``--output-dir`` (default ``bench/results``, git-ignored).
@@ -24,6 +26,7 @@ Output: the markdown report on stdout (progress on stderr), and ``suite.md`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -322,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks that it works")
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="where suite.md/.json go")
+    parser.add_argument(
+        "--database",
+        default="pglockkit_bench_suite",
+        help="database the suite creates on the server, works in and drops (default %(default)s)",
+    )
     return parser
 
 
@@ -353,27 +361,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     sections: dict[str, dict] = {}
     rows: list[Row] = []
-    for name in names:
-        section = BY_NAME[name]
-        section_argv = list(section.quick_argv if args.quick else section.argv)
-        section_argv += ["--output", str(args.output_dir / f"suite-{name}.json")]
-        module_args = section.module.build_parser().parse_args(section_argv)
-        _log(f"== {name}: python -m {section.module.__name__} {shlex.join(section_argv)}")
-        started = time.perf_counter()
-        data = section.module.run(dsn, module_args, target_name, section_argv)
-        seconds = time.perf_counter() - started
-        over = not args.quick and seconds > section.budget_s
-        _log(f"== {name}: {seconds:.0f} s (budget {section.budget_s:.0f} s){' OVER BUDGET' if over else ''}")
-        markdown = data.pop("markdown")
-        sections[name] = {
-            "seconds": round(seconds, 1),
-            "budget_s": section.budget_s,
-            "over": over,
-            "argv": section_argv,
-            "markdown": markdown,
-            "data": data,
-        }
-        rows += SUMMARY[name](data)
+    # A database of the suite's own on the target server: other users of the server's databases
+    # (a test that uninstalls pglockkit, a demo) cannot pull the schema from under a run.
+    bench_dsn = peers.dsn_for(dsn, args.database)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        peers.create_database(admin, args.database)
+    try:
+        for name in names:
+            section = BY_NAME[name]
+            section_argv = list(section.quick_argv if args.quick else section.argv)
+            output = args.output_dir / f"suite-{name}.json"
+            with contextlib.suppress(ValueError):  # shown relative to the current directory when inside it
+                output = output.resolve().relative_to(Path.cwd())
+            section_argv += ["--output", str(output)]
+            module_args = section.module.build_parser().parse_args(section_argv)
+            _log(f"== {name}: python -m {section.module.__name__} {shlex.join(section_argv)}")
+            started = time.perf_counter()
+            data = section.module.run(bench_dsn, module_args, target_name, section_argv)
+            seconds = time.perf_counter() - started
+            over = not args.quick and seconds > section.budget_s
+            flag = " OVER BUDGET" if over else ""
+            _log(f"== {name}: {seconds:.0f} s (budget {section.budget_s:.0f} s){flag}")
+            markdown = data.pop("markdown")
+            sections[name] = {
+                "seconds": round(seconds, 1),
+                "budget_s": section.budget_s,
+                "over": over,
+                "argv": section_argv,
+                "markdown": markdown,
+                "data": data,
+            }
+            rows += SUMMARY[name](data)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            peers.drop_database(admin, args.database)
     env["load_end"] = _load()
     report = render(env, sections, rows)
     document = {
