@@ -215,3 +215,15 @@ def test_python_lease_busy(db):
     with Lease(db.dsn, "busy", ttl=5, holder="first") as first:
         with Lease(db.dsn, "busy", ttl=5, holder="second") as second:
             assert first.acquired and not second.acquired and second.token is None
+
+
+def test_rebinding_a_lease_in_the_same_session_takes_its_key_once(db):
+    with db.connect() as a, db.connect() as b:
+        assert (
+            a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 microsecond', true)").fetchone()[0] == 1
+        )
+        token = a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 hour', true)").fetchone()[0]
+        assert token == 2  # the first had expired: a new acquisition
+        assert a.execute("SELECT pglockkit.release_lease('bl', 'a', %s)", (token,)).fetchone()[0] is True
+        # One release frees the session key: another session can bind the lease at once.
+        assert b.execute("SELECT pglockkit.acquire_lease('bl', 'b', '1 hour', true)").fetchone()[0] == 3
