@@ -18,8 +18,11 @@ waiting on LISTEN:
 
 One round enqueues ``--jobs`` jobs with the system's own API in one call (procrastinate
 ``batch_defer``, pgqueuer ``enqueue`` with lists, ``pglockkit.enqueue_jobs``) and times from its
-commit until no job of the round is left unfinished (polled every 20 ms with one ``EXISTS``
-query): jobs/s = jobs / that time. The workers wake by NOTIFY; they were warmed up by a first
+commit until no job of the round is left unfinished (polled every 20 ms with one ``count(*)``
+query): drain jobs/s = jobs / that time, what a burst costs, start-up latency included; steady
+jobs/s = the jobs done between the polls that saw 10% and 90% of the round done / the time
+between them, the rate once the workers are running (pgqueuer, for one, takes about a second to
+get going on a round). The workers wake by NOTIFY; they were warmed up by a first
 round of ``--warmup`` jobs that is not recorded. Rounds of the systems alternate in an order
 rotated run by run (``--runs``), so drift of the machine hits them all. Reported: median (min-max)
 jobs/s and each system's median / the best peer's median.
@@ -174,7 +177,7 @@ class System:
     setup: Callable[[str], None]
     enqueue: Callable[[str, int], None]
     worker: Callable[[str, str], list[str]]  # (dsn, worker name) -> argv of one worker process
-    unfinished_sql: str
+    unfinished_sql: str  # how many jobs are left (queued or running)
     settings: str
 
 
@@ -199,8 +202,7 @@ def _peer_worker(system: str) -> Callable[[str, str], list[str]]:
 
 
 PGLOCKKIT_UNFINISHED = (
-    "SELECT EXISTS (SELECT 1 FROM pglockkit.jobs "
-    f"WHERE queue = '{QUEUE}' AND status IN ('queued', 'running'))"
+    f"SELECT count(*) FROM pglockkit.jobs WHERE queue = '{QUEUE}' AND status IN ('queued', 'running')"
 )
 SYSTEMS = [
     System(
@@ -227,7 +229,7 @@ SYSTEMS = [
         _procrastinate_setup,
         _procrastinate_enqueue,
         _peer_worker("procrastinate"),
-        "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+        "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
         "`run_worker`, defaults (concurrency 1), async task",
     ),
     System(
@@ -236,7 +238,7 @@ SYSTEMS = [
         _pgqueuer_setup,
         _pgqueuer_enqueue,
         _peer_worker("pgqueuer"),
-        "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+        "SELECT count(*) FROM pgqueuer",
         "`QueueManager.run`, defaults (batch 10, durable), async entrypoint",
     ),
 ]
@@ -318,20 +320,37 @@ def start(system: System, dsn: str, workers: int, log_dir: Path) -> Running:
     return Running(system, dsn, procs, log_path)
 
 
-def drain(running: Running, jobs: int, timeout: float) -> float:
-    """Enqueue ``jobs`` and wait until none is unfinished; returns jobs/s from the enqueue's commit."""
+@dataclass
+class Round:
+    """One recorded round: the whole drain, and its middle (from 10% to 90% of the jobs done)."""
+
+    jobs_s: float  # jobs / time from the enqueue's commit until none is unfinished
+    steady_jobs_s: float  # jobs done between the polls that saw 10% and 90% done / the time between them
+    seconds: float
+
+
+def drain(running: Running, jobs: int, timeout: float) -> Round:
+    """Enqueue ``jobs`` and poll until none is unfinished."""
+    seen: list[tuple[float, int]] = []
     with psycopg.connect(running.dsn, autocommit=True) as conn:
         running.system.enqueue(running.dsn, jobs)
         started = time.perf_counter()
         deadline = started + timeout
-        while conn.execute(running.system.unfinished_sql, prepare=True).fetchone()[0]:
+        while True:
+            left = conn.execute(running.system.unfinished_sql, prepare=True).fetchone()[0]
+            seen.append((time.perf_counter(), left))
+            if left == 0:
+                break
             running.check_alive()
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"{running.system.name}: {jobs} jobs not drained in {timeout:.0f} s")
             time.sleep(POLL_S)
-        elapsed = time.perf_counter() - started
     running.check_alive()
-    return jobs / elapsed
+    elapsed = seen[-1][0] - started
+    t10, left10 = next((t, n) for t, n in seen if n <= 0.9 * jobs)
+    t90, left90 = next((t, n) for t, n in seen if n <= 0.1 * jobs)
+    steady = (left10 - left90) / (t90 - t10) if t90 > t10 else jobs / elapsed
+    return Round(jobs / elapsed, steady, elapsed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +381,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     missing = {s.name: NOT_INSTALLED for s in SYSTEMS if not installed(s.module)}
     log_dir = args.output.parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    rates: dict[str, list[float]] = {s.name: [] for s in systems}
+    rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
     running: list[Running] = []
     with psycopg.connect(dsn, autocommit=True) as admin:
         version = admin.execute("SHOW server_version").fetchone()[0]
@@ -377,9 +396,11 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
             for i in range(args.runs):
                 shift = i % len(running)
                 for r in running[shift:] + running[:shift]:
-                    rates[r.system.name].append(drain(r, args.jobs, args.timeout))
-                    rate = rates[r.system.name][-1]
-                    _log(f"[peers] run {i + 1}/{args.runs} {r.system.name}: {rate:,.0f} jobs/s")
+                    rounds[r.system.name].append(rnd := drain(r, args.jobs, args.timeout))
+                    _log(
+                        f"[peers] run {i + 1}/{args.runs} {r.system.name}: {rnd.jobs_s:,.0f} jobs/s, "
+                        f"{rnd.steady_jobs_s:,.0f} from 10% to 90% done"
+                    )
         finally:
             for r in running:
                 r.stop()
@@ -387,22 +408,29 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 drop_database(admin, _db_name(args.prefix, system))
     env = environment("bench.peers", argv, target_name, version)
     peers = [s.name for s in systems if s.module != "pglockkit"]
-    best = max((statistics.median(rates[p]) for p in peers), default=None)
+    best = max((statistics.median(r.jobs_s for r in rounds[p]) for p in peers), default=None)
+    best_steady = max((statistics.median(r.steady_jobs_s for r in rounds[p]) for p in peers), default=None)
     rows = []
     for system in SYSTEMS:
         if system.name in missing:
             rows.append({"system": system.name, "status": missing[system.name], "settings": system.settings})
             continue
-        median = statistics.median(rates[system.name])
+        mine = rounds[system.name]
+        median = statistics.median(r.jobs_s for r in mine)
+        steady = statistics.median(r.steady_jobs_s for r in mine)
         rows.append(
             {
                 "system": system.name,
                 "status": "measured",
                 "version": system_version(system),
                 "settings": system.settings,
-                "jobs_s": rates[system.name],
+                "jobs_s": [r.jobs_s for r in mine],
                 "median_jobs_s": median,
                 "vs_best_peer": None if best is None else median / best,
+                "steady_jobs_s": [r.steady_jobs_s for r in mine],
+                "median_steady_jobs_s": steady,
+                "steady_vs_best_peer": None if best_steady is None else steady / best_steady,
+                "round_seconds": [r.seconds for r in mine],
             }
         )
     settings = {"workers": args.workers, "jobs": args.jobs, "runs": args.runs, "warmup": args.warmup}
@@ -425,19 +453,26 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
         f"- settings: {settings['workers']} worker processes per system, {settings['jobs']:,} no-op jobs "
         f"per round, {settings['runs']} rounds per system (rotated), after a warm-up of {settings['warmup']}",
         "",
-        "jobs/s from the enqueue's commit until no job is left unfinished, median (min-max) of rounds; "
-        "ratio = median / the best peer's median.",
+        "Drain: jobs / time from the enqueue's commit until no job is left unfinished (what a burst "
+        "costs, start-up latency included). Steady: jobs done between the polls that saw 10% and 90% "
+        "of the round done / the time between them (the rate once running). Median (min-max) of "
+        "rounds; ratio = median / the best peer's median.",
         "",
-        "| system | version | workers run as | jobs/s | vs best peer |",
-        "|---|---|---|--:|--:|",
+        "| system | version | workers run as | drain jobs/s | vs best peer | steady jobs/s | vs best peer |",
+        "|---|---|---|--:|--:|--:|--:|",
     ]
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     for r in rows:
         if r["status"] != "measured":
-            lines.append(f"| {r['system']} | - | {r['settings']} | {r['status']} | - |")
+            lines.append(f"| {r['system']} | - | {r['settings']} | {r['status']} | - | - | - |")
             continue
-        ratio = "-" if r["vs_best_peer"] is None else f"{r['vs_best_peer']:.2f}"
         lines.append(
-            f"| {r['system']} | {r['version']} | {r['settings']} | {spread(r['jobs_s'])} | {ratio} |"
+            f"| {r['system']} | {r['version']} | {r['settings']} | {spread(r['jobs_s'])} "
+            f"| {ratio(r['vs_best_peer'])} | {spread(r['steady_jobs_s'])} "
+            f"| {ratio(r['steady_vs_best_peer'])} |"
         )
     return "\n".join(lines)
 

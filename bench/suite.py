@@ -110,7 +110,7 @@ SECTIONS = [
         "peers",
         "Queue peers: pglockkit vs procrastinate vs pgqueuer",
         peers,
-        ("--workers", "4", "--jobs", "2000", "--runs", "3", "--warmup", "200"),
+        ("--workers", "4", "--jobs", "3000", "--runs", "3", "--warmup", "200"),
         ("--workers", "1", "--jobs", "30", "--runs", "1", "--warmup", "5"),
         150,
     ),
@@ -257,8 +257,12 @@ def _peers_rows(d: dict) -> list[Row]:
         if r["status"] != "measured":
             rows.append(("peers", what, r["status"], "-"))
             continue
-        ratio = "" if r["vs_best_peer"] is None else f"; {r['vs_best_peer']:.2f} x best peer"
-        rows.append(("peers", what, f"{spread(r['jobs_s'])}{ratio}", "pglockkit >= best peer"))
+        for kind, key, ratio in (
+            ("drain", "jobs_s", "vs_best_peer"),
+            ("steady", "steady_jobs_s", "steady_vs_best_peer"),
+        ):
+            versus = "" if r[ratio] is None else f"; {r[ratio]:.2f} x best peer"
+            rows.append(("peers", f"{what} ({kind})", f"{spread(r[key])}{versus}", "pglockkit >= best peer"))
     return rows
 
 
