@@ -13,7 +13,7 @@ another on the same server:
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
 
 Each section has a time budget; the report flags a section that overran it. The defaults take about
-6-8 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
+5 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
 test; its numbers mean nothing). The target is ``--dsn``, else ``$PGLOCKKIT_DSN``, else the
 embedded PostgreSQL 18 (started if needed). The suite works in a database of its own on that server
 (``--database``, created, pglockkit installed, dropped at the end), so it needs a role that may
