@@ -329,3 +329,25 @@ def test_doctor_names_worker_roles_without_lock_timeout(server, db):
             for role in ("lt_none", "lt_role", "lt_here", "lt_zero"):
                 admin.execute(f"DROP OWNED BY {role}")
                 admin.execute(f"DROP ROLE {role}")
+
+
+def test_doctor_finds_queue_lag_expired_job_leases_and_lock_table_pressure(db):
+    db.conn.execute("SELECT pglockkit.enqueue_job('slow', run_at => now() - interval '10 minutes')")
+    db.conn.execute("SELECT pglockkit.enqueue_job('stuck')")
+    db.conn.execute("SELECT pglockkit.claim_job('stuck', 'gone', '10 ms')")  # its worker never returns
+    capacity = db.conn.execute(
+        "SELECT current_setting('max_locks_per_transaction')::int * (current_setting('max_connections')::int"
+        " + current_setting('max_prepared_transactions')::int)"
+    ).fetchone()[0]
+    with db.connect() as hoarder:
+        hoarder.execute(
+            "SELECT count(pg_advisory_lock(i)) FROM generate_series(1, %s) i", (capacity // 2 + 100,)
+        )
+        time.sleep(0.05)
+        out = _cli("doctor", "--dsn", db.dsn, "--lag-after", "5m")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[WARNING] queue lag: queue slow: the oldest ready job has waited 10.0m" in out.stdout, out.stdout
+    assert "[INFO] expired job leases: queue stuck: 1 running job(s) past their lease" in out.stdout
+    assert "[WARNING] lock table headroom:" in out.stdout
+    # With the hoarder gone, the lock table finding goes too.
+    assert "lock table headroom" not in _cli("doctor", "--dsn", db.dsn).stdout
