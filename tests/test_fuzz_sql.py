@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 _RANDOM = os.environ.get("HYPOTHESIS_PROFILE") == "random"
-EXAMPLES = int(os.environ.get("PGLOCKKIT_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("PGLOCKKIT_FUZZ_EXAMPLES", "15"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     derandomize=not _RANDOM,
