@@ -4,12 +4,15 @@ and the median (min-max) format. Benchmarks report ratios measured in the same r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -71,6 +74,15 @@ def environment(module: str, argv: Sequence[str], target: str, server_version: s
         "psycopg": psycopg.__version__,
         "pglockkit": pglockkit.__version__,
     }
+
+
+def report(output: Path, data: dict[str, Any]) -> int:
+    """Print a benchmark's markdown (popped from ``data``) and write the rest to ``output`` as JSON."""
+    print(data.pop("markdown"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {output}", file=sys.stderr)
+    return 0
 
 
 def spread(values: Sequence[float], fmt: str = ",.0f") -> str:

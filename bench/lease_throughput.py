@@ -19,7 +19,6 @@ Reproduce: python -m bench.lease_throughput --embedded   (or --dsn DSN); about 4
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import statistics
@@ -34,7 +33,7 @@ from typing import Any
 import psycopg
 
 import pglockkit
-from bench.common import add_target_arguments, nproc, spread, target
+from bench.common import add_target_arguments, nproc, report, spread, target
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lease_throughput.json"
 
@@ -194,11 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     dsn, target_name = target(args)
-    data = run(dsn, args, target_name, argv)
-    print(data.pop("markdown"))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(data, indent=2))
-    return 0
+    return report(args.output, run(dsn, args, target_name, argv))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,6 @@ The markdown report goes to stdout, the full results (every run) to
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -69,7 +68,7 @@ from typing import Any
 import psycopg
 
 import pglockkit
-from bench.common import add_target_arguments, environment, int_list, positive, spread, target
+from bench.common import add_target_arguments, environment, int_list, positive, report, spread, target
 
 NAMESPACE = "bench"
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lock_overhead.json"
@@ -473,12 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     dsn, target_name = target(args)
-    data = run(dsn, args, target_name, argv)
-    print(data.pop("markdown"))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    _log(f"wrote {args.output}")
-    return 0
+    return report(args.output, run(dsn, args, target_name, argv))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 import psycopg
 
 import pglockkit
-from bench.common import add_target_arguments, environment, positive, spread, target
+from bench.common import add_target_arguments, environment, positive, report, spread, target
 from pglockkit import monitor
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "monitoring_cost.json"
@@ -233,11 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.holders > args.locks:
         parser.error("--holders must not exceed --locks")
     dsn, target_name = target(args)
-    data = run(dsn, args, target_name, argv)
-    print(data.pop("markdown"))
-    args.output.parent.mkdir(exist_ok=True)
-    args.output.write_text(json.dumps(data, indent=2))
-    return 0
+    return report(args.output, run(dsn, args, target_name, argv))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import signal
@@ -61,7 +60,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pglockkit
-from bench.common import add_target_arguments, environment, positive, spread, target
+from bench.common import add_target_arguments, environment, positive, report, spread, target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = ROOT / "bench" / "results" / "peers.json"
@@ -486,11 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             WORKERS[args.worker](args.dsn, args.name)
         return 0
     dsn, target_name = target(args)
-    data = run(dsn, args, target_name, argv)
-    print(data.pop("markdown"))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return report(args.output, run(dsn, args, target_name, argv))
 
 
 if __name__ == "__main__":

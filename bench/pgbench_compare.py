@@ -27,7 +27,6 @@ Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); ab
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 import psycopg
 
 import pglockkit
-from bench.common import add_target_arguments, environment, int_list, nproc, positive, spread, target
+from bench.common import add_target_arguments, environment, int_list, nproc, positive, report, spread, target
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS_DIR = HERE / "pgbench"
@@ -198,11 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     dsn, target_name = target(args)
-    data = run(dsn, args, target_name, argv)
-    print(data.pop("markdown"))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return report(args.output, run(dsn, args, target_name, argv))
 
 
 if __name__ == "__main__":
