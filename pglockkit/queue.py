@@ -9,6 +9,7 @@ workers die mid-job.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import signal
@@ -260,50 +261,79 @@ class Worker:
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             heartbeat = _Heartbeat(self.dsn, self.lease, f"{app} heartbeat")
             self._connected = self._connected_once = True
+            ahead: list[Job] = []  # claimed in the transaction that completed the previous job
             try:
                 while not self._stopping.is_set():
                     if max_jobs is not None and self.processed >= max_jobs:
                         return
-                    want = self.batch if max_jobs is None else min(self.batch, max_jobs - self.processed)
-                    jobs = claim(conn, self.queue, self.name, lease=self.lease, batch=want)
+                    jobs, ahead = ahead, []
+                    if not jobs:
+                        want = self._want(max_jobs, 0)
+                        jobs = claim(conn, self.queue, self.name, lease=self.lease, batch=want)
                     if not jobs:
                         if exit_when_idle:
                             return
                         self._wait(listener)
                         continue
                     heartbeat.watch(jobs)
-                    self._work(conn, jobs, heartbeat)
-                    heartbeat.watch([])
+                    ahead = self._work(conn, jobs, heartbeat, max_jobs)
+                    heartbeat.watch(ahead)
             finally:
+                if ahead and not conn.closed:  # stopped with jobs claimed ahead: give them back
+                    with contextlib.suppress(psycopg.Error):
+                        for job in ahead:
+                            release(conn, job)
                 heartbeat.close()
 
-    def _work(self, conn: psycopg.Connection, jobs: list[Job], heartbeat: _Heartbeat) -> None:
+    def _want(self, max_jobs: int | None, in_hand: int) -> int:
+        """How many jobs to claim next, with ``in_hand`` jobs not yet counted as processed."""
+        if self._stopping.is_set():
+            return 0
+        if max_jobs is None:
+            return self.batch
+        return max(0, min(self.batch, max_jobs - self.processed - in_hand))
+
+    def _work(
+        self, conn: psycopg.Connection, jobs: list[Job], heartbeat: _Heartbeat, max_jobs: int | None
+    ) -> list[Job]:
+        """Run a claimed batch; returns the jobs claimed ahead with the last one's completion."""
         for i, job in enumerate(jobs):
             if self._stopping.is_set():
                 for rest in jobs[i:]:
                     release(conn, rest)
                 log.info("stopping: gave back %d unstarted job(s)", len(jobs) - i)
-                return
+                return []
+            last = i == len(jobs) - 1
             if job.id in heartbeat.lost:
                 log.warning("job %s: claim lost before it started (reclaimed or cancelled); skipped", job.id)
+            elif last:
+                return self._run_one(conn, job, heartbeat, claim_next=self._want(max_jobs, 1))
             else:
                 self._run_one(conn, job, heartbeat)
             heartbeat.watch(jobs[i + 1 :])  # finished: stop extending it
+        return []
 
-    def _run_one(self, conn: psycopg.Connection, job: Job, heartbeat: _Heartbeat) -> None:
+    def _run_one(
+        self, conn: psycopg.Connection, job: Job, heartbeat: _Heartbeat, claim_next: int = 0
+    ) -> list[Job]:
+        """Run the handler and complete the job in one transaction. With ``claim_next``, the next
+        jobs are claimed in that same transaction too, so that a job costs one commit, not two."""
         started = time.monotonic()
+        ahead: list[Job] = []
         try:
             with conn.transaction():
                 self.handler(job, conn)
                 if not complete(conn, job):
                     raise _StaleClaim()
+                if claim_next:
+                    ahead = claim(conn, self.queue, self.name, lease=self.lease, batch=claim_next)
         except _StaleClaim:
             log.warning(
                 "job %s: claim %s is stale (reclaimed or cancelled); its writes were rolled back",
                 job.id,
                 job.token,
             )
-            return
+            return []
         except Exception as exc:
             if conn.closed:
                 raise  # the connection is gone, and the attempt with it: the lease hands the job back
@@ -318,11 +348,12 @@ class Worker:
                 status,
             )
             self.processed += 1
-            return
+            return []
         self.processed += 1
         log.info(
             "job %s done in %.1f ms (attempt %d)", job.id, (time.monotonic() - started) * 1000, job.attempt
         )
+        return ahead
 
     def _wait(self, listener: psycopg.Connection) -> None:
         # Any notification (for any queue) or the poll interval ends the wait; the claim decides.

@@ -587,3 +587,29 @@ def test_plans_made_on_a_small_table_stay_index_scans_as_the_queue_grows(db):
         assert "Seq Scan on jobs" not in plan and "Bitmap Heap Scan on jobs" not in plan, plan
         assert "Sort Key: j_2.priority" not in plan, plan
     assert "Index Scan using jobs_pkey" in complete_plan, complete_plan
+
+
+def _commits(db) -> int:
+    with db.connect() as conn:
+        return conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
+
+
+@pytest.mark.slow
+def test_worker_claims_the_next_job_in_the_transaction_that_completes_one(done_log):
+    """One commit per job, not two: the claim of job n+1 commits with the completion of job n."""
+    db = done_log
+    from queue_handlers import record
+
+    total = 60
+    q.enqueue_many(db.conn, "w", [{}] * total)
+    time.sleep(1.2)  # let the setup's statistics reach pg_stat_database
+    before = _commits(db)
+    assert pglockkit.Worker(db.dsn, "w", record, batch=1).run(exit_when_idle=True) == total
+    time.sleep(1.5)  # the worker's sessions report their commits as they end
+    commits = _commits(db) - before
+    assert db.conn.execute("SELECT count(DISTINCT job_id) FROM done_log").fetchone()[0] == total
+    # Each job's claim after the first rides on the previous completion; a few more for the
+    # worker's sessions (LISTEN, the last empty claim) and this test's own reads.
+    assert total <= commits <= total + 12, commits
