@@ -325,7 +325,7 @@ class Worker:
                 self.handler(job, conn)
                 if not complete(conn, job):
                     raise _StaleClaim()
-                if claim_next:
+                if claim_next and not self._stopping.is_set():
                     ahead = claim(conn, self.queue, self.name, lease=self.lease, batch=claim_next)
         except _StaleClaim:
             log.warning(

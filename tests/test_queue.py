@@ -374,10 +374,13 @@ def _worker_proc(db, *extra):
     return worker_proc(db.dsn, *extra)
 
 
-def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log):
+@pytest.mark.parametrize("batch", ["6", "1"])
+def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log, batch):
+    """batch 6: the rest of the batch is given back; batch 1: the job claimed ahead (in the
+    transaction that completed the job in hand, after SIGTERM arrived) is given back."""
     db = done_log
     ids = q.enqueue_many(db.conn, "w", [{"sleep": 0.5}] * 6)
-    proc = _worker_proc(db, "--batch", "6", "--lease", "60s")
+    proc = _worker_proc(db, "--batch", batch, "--lease", "60s")
     deadline = time.monotonic() + 20
     # Wait until the worker is inside a handler: its connection is idle in the job's transaction.
     while not db.conn.execute(
