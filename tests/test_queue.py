@@ -606,6 +606,8 @@ def test_worker_claims_the_next_job_in_the_transaction_that_completes_one(done_l
     from queue_handlers import record
 
     total = 60
+    for table in ("pglockkit.jobs", "done_log"):  # autovacuum's transactions would count too
+        db.conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
     q.enqueue_many(db.conn, "w", [{}] * total)
     time.sleep(1.2)  # let the setup's statistics reach pg_stat_database
     before = _commits(db)
@@ -613,6 +615,7 @@ def test_worker_claims_the_next_job_in_the_transaction_that_completes_one(done_l
     time.sleep(1.5)  # the worker's sessions report their commits as they end
     commits = _commits(db) - before
     assert db.conn.execute("SELECT count(DISTINCT job_id) FROM done_log").fetchone()[0] == total
-    # Each job's claim after the first rides on the previous completion; a few more for the
-    # worker's sessions (LISTEN, the last empty claim) and this test's own reads.
-    assert total <= commits <= total + 12, commits
+    # Each job's claim after the first rides on the previous completion, plus a few for the
+    # worker's sessions (LISTEN, the last empty claim) and this test's own reads. Claiming in a
+    # transaction of its own made it 2 * total and more.
+    assert total <= commits < 1.5 * total, commits
