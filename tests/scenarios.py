@@ -1,7 +1,8 @@
 """Concurrency scenarios shared by tests that run them directly and through PgBouncer.
 
 Each takes a DSN (or a connect function) to drive the load through, and a direct connection to
-check the result on; it returns what it measured, and the test asserts.
+check the result on; it returns what it measured, and the test asserts. ``cli`` runs the
+command-line tool as a user would.
 """
 
 from __future__ import annotations
@@ -160,3 +161,10 @@ def lease_contenders(
         "overlaps": overlaps,
         "tokens_in_order": tokens == list(range(1, n + 1)),
     }
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``pglockkit ARGS...`` in a subprocess, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", *args], capture_output=True, text=True, timeout=timeout
+    )

@@ -3,8 +3,6 @@ with their namespace; unprivileged monitoring roles can read them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -12,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from scenarios import cli
 
 from pglockkit import lock_key, namespace_id
 
@@ -162,12 +161,6 @@ def test_monitoring_roles_can_read_and_others_cannot(server, db, ns):
                 conn.execute("SELECT * FROM pglockkit.advisory_locks")
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "pglockkit.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_doctor_finds_each_planted_hazard_and_exits_nonzero(db, ns):
     with db.connect() as leaky:
         leaky_pid = leaky.info.backend_pid
@@ -179,7 +172,7 @@ def test_doctor_finds_each_planted_hazard_and_exits_nonzero(db, ns):
         db.conn.execute("SELECT pglockkit.fail_job(%s, %s, 'smtp down')", claimed)  # dead
         db.conn.execute("SELECT pglockkit.acquire_lease('refresh', 'gone', '10 ms')")
         time.sleep(0.05)
-        out = _cli("doctor", "--dsn", db.dsn, "--idle-after", "0s")
+        out = cli("doctor", "--dsn", db.dsn, "--idle-after", "0s")
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout
     assert f"pid {leaky_pid} (leaky pool) holds advisory lock {ns}/" in text
@@ -193,7 +186,7 @@ def test_doctor_on_a_clean_database_reports_nothing_to_fix(db):
     db.conn.execute(
         sql.SQL("ALTER DATABASE {} SET lock_timeout = '5s'").format(sql.Identifier(db.conn.info.dbname))
     )
-    out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+    out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "pglockkit doctor: no findings"
 
@@ -205,7 +198,7 @@ def test_top_once_shows_holder_waiter_and_chain(db, ns):
             db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
         )
         db.conn.execute("SELECT pglockkit.enqueue_job('emails')")
-        out = _cli("top", "--once", "--dsn", db.dsn)
+        out = cli("top", "--once", "--dsn", db.dsn)
         assert out.returncode == 0, out.stderr
         text = out.stdout
         assert f"{holder.info.backend_pid} HOLD" in text and f"{waiter.info.backend_pid} WAIT" in text
@@ -234,7 +227,7 @@ def test_xmin_horizon_names_the_session_that_pins_vacuum(db):
             "forgotten transaction",
             "idle in transaction",
         ) in rows
-        out = _cli("doctor", "--dsn", db.dsn, "--lag-after", "0s")
+        out = cli("doctor", "--dsn", db.dsn, "--lag-after", "0s")
         assert f"xmin horizon: session {pinning.info.backend_pid} (forgotten transaction) holds" in out.stdout
         pinning.execute("ROLLBACK")
 
@@ -265,7 +258,7 @@ def test_contention_report_names_the_key_that_serialized_the_swarm(db, ns):
             _blocked_waiter(db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'shared-cache'))", (ns,))
             for _ in range(3)
         ]
-        out = _cli("sample", "--dsn", db.dsn, "--every", "100ms", "--count", "2")
+        out = cli("sample", "--dsn", db.dsn, "--every", "100ms", "--count", "2")
         assert out.returncode == 0, out.stderr
         row = db.conn.execute(
             "SELECT key, samples, samples_with_waiters, max_waiters, holder_queries, namespace_sessions, "
@@ -314,14 +307,14 @@ def test_doctor_names_worker_roles_without_lock_timeout(server, db):
         admin.execute("ALTER ROLE lt_zero SET lock_timeout = 0")
         admin.execute("ALTER ROLE lt_none SET work_mem = '8MB'")  # a setting, but not this one
     try:
-        out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+        out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
         assert out.returncode == 1, out.stdout + out.stderr
         named = _roles_named_for_lock_timeout(out.stdout)
         assert {"lt_zero"} <= named and not {"lt_role", "lt_here", "lt_none"} & named, out.stdout
         assert "ALTER ROLE lt_zero IN DATABASE" in out.stdout
         with psycopg.connect(server.dsn(), autocommit=True) as admin:
             admin.execute(sql.SQL("ALTER DATABASE {} RESET lock_timeout").format(sql.Identifier(dbname)))
-        out = _cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+        out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
         named = _roles_named_for_lock_timeout(out.stdout)
         assert {"lt_zero", "lt_none"} <= named and not {"lt_role", "lt_here"} & named, out.stdout
     finally:
@@ -344,10 +337,10 @@ def test_doctor_finds_queue_lag_expired_job_leases_and_lock_table_pressure(db):
             "SELECT count(pg_advisory_lock(i)) FROM generate_series(1, %s) i", (capacity // 2 + 100,)
         )
         time.sleep(0.05)
-        out = _cli("doctor", "--dsn", db.dsn, "--lag-after", "5m")
+        out = cli("doctor", "--dsn", db.dsn, "--lag-after", "5m")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "[WARNING] queue lag: queue slow: the oldest ready job has waited 10.0m" in out.stdout, out.stdout
     assert "[INFO] expired job leases: queue stuck: 1 running job(s) past their lease" in out.stdout
     assert "[WARNING] lock table headroom:" in out.stdout
     # With the hoarder gone, the lock table finding goes too.
-    assert "lock table headroom" not in _cli("doctor", "--dsn", db.dsn).stdout
+    assert "lock table headroom" not in cli("doctor", "--dsn", db.dsn).stdout

@@ -4,13 +4,11 @@ another worker's job or lease, and cannot change the registry or delete history;
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import psycopg
 import pytest
 from psycopg import errors
 from psycopg.conninfo import make_conninfo
+from scenarios import cli
 
 ROLES = {"worker_a": "pglockkit_user", "worker_b": "pglockkit_user", "ops": "pglockkit_admin"}
 
@@ -142,12 +140,6 @@ def test_monitoring_alone_cannot_call_the_functions_that_write(server, db):
             admin.execute("DROP ROLE watcher")
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "pglockkit.cli", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_pglockkit_grant_gives_and_takes_back_the_roles(server, db):
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
         admin.execute("DROP ROLE IF EXISTS newcomer")
@@ -156,17 +148,17 @@ def test_pglockkit_grant_gives_and_takes_back_the_roles(server, db):
         newcomer = make_conninfo(db.dsn, user="newcomer")
         with psycopg.connect(newcomer, autocommit=True) as conn, pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT pglockkit.enqueue_job('q')")
-        out = _cli("grant", "newcomer", "--dsn", db.dsn)
+        out = cli("grant", "newcomer", "--dsn", db.dsn)
         assert out.returncode == 0 and out.stdout.strip() == "granted pglockkit_user to newcomer", out.stderr
         with psycopg.connect(newcomer, autocommit=True) as conn:
             conn.execute("SELECT pglockkit.enqueue_job('q')")
             with pytest.raises(errors.InsufficientPrivilege):
                 conn.execute("SELECT pglockkit.register_namespace('theirs')")
-        assert _cli("grant", "newcomer", "--admin", "--dsn", db.dsn).returncode == 0
+        assert cli("grant", "newcomer", "--admin", "--dsn", db.dsn).returncode == 0
         with psycopg.connect(newcomer, autocommit=True) as conn:
             conn.execute("SELECT pglockkit.register_namespace('theirs')")
         for extra in (["--admin"], []):
-            assert _cli("grant", "newcomer", "--revoke", *extra, "--dsn", db.dsn).returncode == 0
+            assert cli("grant", "newcomer", "--revoke", *extra, "--dsn", db.dsn).returncode == 0
         with psycopg.connect(newcomer, autocommit=True) as conn, pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT pglockkit.enqueue_job('q')")
     finally:
@@ -176,5 +168,5 @@ def test_pglockkit_grant_gives_and_takes_back_the_roles(server, db):
 
 @pytest.mark.parametrize("role", ["no_such_role", "pglockkit_user"])
 def test_pglockkit_grant_refuses_unknown_and_group_roles(db, role):
-    out = _cli("grant", role, "--dsn", db.dsn)
+    out = cli("grant", role, "--dsn", db.dsn)
     assert out.returncode == 2 and role in out.stderr, out.stderr
