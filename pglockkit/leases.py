@@ -91,11 +91,15 @@ class _LeaseState:
         return self.token
 
     def _lose(self, reason: str) -> None:
+        """Record the loss, call ``on_lost``, then set ``lost``: whoever waits on the event sees
+        what the callback did. The event is set even if the callback raises."""
         self.lost_reason = reason
-        self.lost.set()
         _calls.lease_lost_event(self.name, self.holder, self.token, reason)
-        if self.on_lost is not None:
-            self.on_lost(self)
+        try:
+            if self.on_lost is not None:
+                self.on_lost(self)
+        finally:
+            self.lost.set()
 
 
 class Lease(_LeaseState):
@@ -111,8 +115,8 @@ class Lease(_LeaseState):
     ...             lease.check_fence(conn)      # rejects a stale writer in SQL
     ...             write(conn, chunk)
 
-    Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal sets
-    ``lost`` (a ``threading.Event``), records ``lost_reason`` and calls ``on_lost(lease)``.
+    Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal records
+    ``lost_reason``, calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``).
     ``bind_session=True`` also frees the lease as soon as this process's connection dies.
     """
 
