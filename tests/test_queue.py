@@ -127,6 +127,34 @@ def test_stale_token_after_lease_expiry_changes_nothing(db):
     assert q.complete(db.conn, new)
 
 
+def test_expired_leases_are_reclaimed_before_due_jobs(db):
+    # claim_job takes the bare path only when the queue has no expired lease (0012): both paths here.
+    stuck = q.enqueue(db.conn, "q")
+    [old] = q.claim(db.conn, "q", "dead-worker", lease=0.2)
+    urgent = q.enqueue(db.conn, "q", priority=10)
+    normal = q.enqueue(db.conn, "q")
+    elsewhere = q.enqueue(db.conn, "other")
+    q.claim(db.conn, "other", "w", lease=0.2)  # another queue's expired lease is not this queue's
+    time.sleep(0.25)
+    got = {j.id: j for j in q.claim(db.conn, "q", "w", batch=2)}  # returned in priority order
+    assert sorted(got) == sorted([stuck, urgent]) and normal not in got
+    assert (got[stuck].attempt, got[urgent].attempt) == (2, 1) and got[stuck].token != old.token
+    assert [j.id for j in q.claim(db.conn, "q", "w", batch=5)] == [normal]
+    assert [(j.id, j.attempt) for j in q.claim(db.conn, "other", "w")] == [(elsewhere, 2)]
+
+
+def test_a_locked_expired_job_is_skipped_not_waited_for(db):
+    stuck = q.enqueue(db.conn, "q")
+    q.claim(db.conn, "q", "dead-worker", lease=0.1)
+    due = q.enqueue(db.conn, "q")
+    time.sleep(0.15)
+    with psycopg.connect(db.dsn) as other:  # holds the expired job's row, as a claimer mid-statement
+        other.execute("SELECT 1 FROM pglockkit.jobs WHERE id = %s FOR UPDATE", (stuck,))
+        db.conn.execute("SET lock_timeout = '1s'")
+        assert [j.id for j in q.claim(db.conn, "q", "w")] == [due]
+    assert [(j.id, j.attempt) for j in q.claim(db.conn, "q", "w")] == [(stuck, 2)]
+
+
 def test_lease_expiring_on_last_attempt_goes_dead(db):
     job_id = q.enqueue(db.conn, "q", max_attempts=1)
     q.claim(db.conn, "q", "w", lease=0.1)
