@@ -9,13 +9,18 @@ share the CPUs with the server.
 
 1. claim + complete vs bare SQL (``--clients``, default 1 and 4). Each loop claims one job and
    completes it: ``SELECT * FROM pglockkit.claim_job(queue, worker, '5 minutes', 1)`` then
-   ``SELECT pglockkit.complete_job(id, token)``, against the same two steps on a plain table
-   ``bench_bare_jobs`` with the columns of ``pglockkit.jobs``, its primary key and one partial index
-   on ``(queue, priority DESC, run_at, id) WHERE status = 'queued'``: an ``UPDATE ... WHERE id =
-   (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING id, token`` and an ``UPDATE ... SET status =
-   'done'``. The baseline has no argument checks, no reclaim of expired leases and none of
-   pglockkit's other indexes (leases, dedup keys, finished jobs): the ratio is what those cost.
-   Issue target: ratio >= 0.8.
+   ``SELECT pglockkit.complete_job(id, token)``, against the two statements they wrap: an
+   ``UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` the columns claim_job
+   returns (id, queue, payload, attempt, max_attempts, token, lease_expires_at) and an
+   ``UPDATE ... SET status = 'done'``, on two tables:
+
+   * ``bench_shape_jobs``, the same table shape: ``CREATE TABLE ... (LIKE pglockkit.jobs INCLUDING
+     ALL)``, so the same columns, constraints and indexes. The ratio against it is what the
+     functions cost (argument checks, the probe for concurrency keys and expired leases, the call).
+     Issue target: ratio >= 0.8.
+   * ``bench_bare_jobs``, a minimal table: the same columns, its primary key and one partial index
+     on ``(queue, priority DESC, run_at, id) WHERE status = 'queued'``. The ratio against it adds
+     what pglockkit's other indexes and constraints cost (leases, dedup keys, finished jobs).
 
 2. Scaling (``--workers``, default 1, 2, 4, 8, 16 threads). Each job's "work" is a
    ``time.sleep(--work-ms / 1000)`` between claim and complete, so the swarm's parallelism shows.
@@ -52,6 +57,7 @@ Reproduce
 
     python -m bench.queue_throughput --embedded      # or --dsn DSN; defaults about 3-4 min on 2 cores
     python -m bench.queue_throughput --embedded --sections 1,4 --seconds 3 --runs 5
+    python -m bench.queue_throughput --embedded --sections 1 --sync-commit off   # CPU cost only
 
 Without ``--dsn`` or ``--embedded`` the DSN is ``$PGLOCKKIT_DSN``, else libpq's ``PG*`` variables.
 pglockkit is installed (migrations applied) if missing. The markdown report goes to stdout,
@@ -74,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 import pglockkit
 from bench.common import add_target_arguments, environment, int_list, positive, spread, target
@@ -126,21 +133,29 @@ CREATE TABLE bench_bare_jobs (
 );
 CREATE INDEX bench_bare_jobs_ready ON bench_bare_jobs (queue, priority DESC, run_at, id)
     WHERE status = 'queued';
+DROP TABLE IF EXISTS bench_shape_jobs;
+CREATE TABLE bench_shape_jobs (LIKE pglockkit.jobs INCLUDING ALL);
 """
-BARE_DROP = "DROP TABLE IF EXISTS bench_bare_jobs; DROP SEQUENCE IF EXISTS bench_bare_tokens"
+BARE_DROP = (
+    "DROP TABLE IF EXISTS bench_bare_jobs; DROP TABLE IF EXISTS bench_shape_jobs; "
+    "DROP SEQUENCE IF EXISTS bench_bare_tokens"
+)
+BARE_TABLES = {"bare": "bench_bare_jobs", "shape": "bench_shape_jobs"}  # Queue.kind -> table
+# What claim_job and complete_job do, as bare statements ({table}: one of BARE_TABLES).
 BARE_CLAIM = """
-UPDATE bench_bare_jobs SET status = 'running', attempt = attempt + 1, token = nextval('bench_bare_tokens'),
-       lease_expires_at = clock_timestamp() + interval '5 minutes', worker = %s
- WHERE id = (SELECT id FROM bench_bare_jobs
+UPDATE {table} SET status = 'running', attempt = attempt + 1, token = nextval('bench_bare_tokens'),
+       lease_expires_at = clock_timestamp() + interval '5 minutes', worker = %s,
+       started_at = clock_timestamp()
+ WHERE id = (SELECT id FROM {table}
               WHERE queue = %s AND status = 'queued' AND run_at <= clock_timestamp()
               ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING id, token
+RETURNING id, queue, payload, attempt, max_attempts, token, lease_expires_at
 """
 BARE_COMPLETE = """
-UPDATE bench_bare_jobs SET status = 'done', finished_at = clock_timestamp()
+UPDATE {table} SET status = 'done', finished_at = clock_timestamp(), lease_expires_at = NULL
  WHERE id = %s AND token = %s AND status = 'running'
 """
-BARE_ENQUEUE = "INSERT INTO bench_bare_jobs (queue) SELECT %s FROM generate_series(1, %s)"
+BARE_ENQUEUE = "INSERT INTO {table} (queue) SELECT %s FROM generate_series(1, %s)"
 
 LOCK_SQL = f"SELECT pg_advisory_lock({GLOBAL_LOCK_KEY})"
 UNLOCK_SQL = f"SELECT pg_advisory_unlock({GLOBAL_LOCK_KEY})"
@@ -166,7 +181,7 @@ class Queue:
     """A queue the benchmark consumes; ``pending`` is tracked here (every claim is completed)."""
 
     name: str
-    kind: str  # "pglockkit" (enqueue_jobs), "direct" (INSERT into pglockkit.jobs) or "bare"
+    kind: str  # "pglockkit" (enqueue_jobs), "direct" (INSERT into pglockkit.jobs), "bare" or "shape"
     pending: int = 0
 
     def top_up(self, conn: psycopg.Connection, target: int) -> int:
@@ -184,8 +199,8 @@ class Queue:
                 left -= n
         elif self.kind == "direct":
             conn.execute(DIRECT_PENDING, (self.name, missing))
-        elif self.kind == "bare":
-            conn.execute(BARE_ENQUEUE, (self.name, missing))
+        elif self.kind in BARE_TABLES:
+            conn.execute(BARE_ENQUEUE.format(table=BARE_TABLES[self.kind]), (self.name, missing))
         else:
             raise ValueError(f"unknown queue kind {self.kind!r}")
         self.pending += missing
@@ -241,15 +256,17 @@ def kit_batch_design(name: str, queue: Queue, batch: int) -> Design:
 
 
 def bare_design(name: str, queue: Queue, work_s: float = 0.0) -> Design:
-    """The bare UPDATE ... SKIP LOCKED claim and UPDATE complete on bench_bare_jobs."""
+    """The bare UPDATE ... SKIP LOCKED claim and UPDATE complete on the queue's table."""
+    claim_sql = BARE_CLAIM.format(table=BARE_TABLES[queue.kind])
+    complete_sql = BARE_COMPLETE.format(table=BARE_TABLES[queue.kind])
 
     def step(conn: psycopg.Connection, worker: str, timed: bool) -> int:
-        row = conn.execute(BARE_CLAIM, (worker, queue.name), prepare=True).fetchone()
+        row = conn.execute(claim_sql, (worker, queue.name), prepare=True).fetchone()
         if row is None:
             return 0
         if work_s and timed:
             time.sleep(work_s)
-        if conn.execute(BARE_COMPLETE, row, prepare=True).rowcount != 1:
+        if conn.execute(complete_sql, (row[0], row[5]), prepare=True).rowcount != 1:
             raise RuntimeError(f"bare complete of job {row[0]} matched no row")
         return 1
 
@@ -452,8 +469,13 @@ def section_claim_complete(dsn: str, conn: psycopg.Connection, args: argparse.Na
     reset_jobs(conn)
     conn.execute(BARE_SETUP)
     try:
-        kit_q, bare_q = Queue("bench_q", "pglockkit"), Queue("bench_q", "bare")
-        designs = [kit_design("pglockkit", kit_q), bare_design("bare SQL", bare_q)]
+        kit_q = Queue("bench_q", "pglockkit")
+        shape_q, bare_q = Queue("bench_q", "shape"), Queue("bench_q", "bare")
+        designs = [
+            kit_design("pglockkit", kit_q),
+            bare_design("bare SQL, same shape", shape_q),
+            bare_design("bare SQL, minimal table", bare_q),
+        ]
         filler = Filler(args.seconds)
         rows = []
         for clients in args.clients:
@@ -464,22 +486,28 @@ def section_claim_complete(dsn: str, conn: psycopg.Connection, args: argparse.Na
                 clients,
                 args.seconds,
                 args.runs,
-                ["pglockkit.jobs", "bench_bare_jobs"],
+                ["pglockkit.jobs", *BARE_TABLES.values()],
                 filler,
                 f"[1] clients={clients}",
             )
-            kit, bare = runs["pglockkit"], runs["bare SQL"]
-            paired = _paired(kit, bare)
+            kit, shape = runs["pglockkit"], runs["bare SQL, same shape"]
+            bare = runs["bare SQL, minimal table"]
+            paired, paired_min = _paired(kit, shape), _paired(kit, bare)
             rows.append(
                 {
                     "clients": clients,
                     "pglockkit_jobs_s": _median(kit),
+                    "shape_jobs_s": _median(shape),
                     "bare_jobs_s": _median(bare),
-                    "ratio": _median(kit) / _median(bare),
+                    "ratio": _median(kit) / _median(shape),
                     "run_ratio_min": min(paired),
                     "run_ratio_max": max(paired),
+                    "ratio_minimal": _median(kit) / _median(bare),
+                    "run_ratio_minimal_min": min(paired_min),
+                    "run_ratio_minimal_max": max(paired_min),
                     "fill_target": filler.target,
                     "pglockkit_runs": [asdict(r) for r in kit],
+                    "shape_runs": [asdict(r) for r in shape],
                     "bare_runs": [asdict(r) for r in bare],
                 }
             )
@@ -629,7 +657,8 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
         f"- server: {env['server_version']} ({env['target']})",
         f"- machine: {env['platform']}, {env['machine']}, {env['cpu']}, nproc {env['nproc']}",
         f"- client: Python {env['python']}, psycopg {env['psycopg']}, pglockkit {env['pglockkit']}",
-        f"- settings: {settings['seconds']:g} s per run, {settings['runs']} runs; each call one autocommit "
+        f"- settings: {settings['seconds']:g} s per run, {settings['runs']} runs, synchronous_commit "
+        f"{settings.get('sync_commit', 'on')}; each call one autocommit "
         "statement (prepared); jobs/s as median (min-max) of runs",
         "",
         "Only the ratios are meant to be compared; absolute rates depend on the machine.",
@@ -639,20 +668,26 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
             "",
             "## 1. claim + complete vs bare SQL",
             "",
-            "One job per loop: `claim_job(q, w, '5 minutes', 1)` + `complete_job(id, token)` vs a bare "
-            "`UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING id, token` + `UPDATE ... "
-            "SET status = 'done'` on a plain table of the same shape (one partial index). Runs interleaved. "
-            "Ratio pglockkit/bare of the medians (per-run paired range); issue target >= 0.8.",
+            "One job per loop: `claim_job(q, w, '5 minutes', 1)` + `complete_job(id, token)` vs the "
+            "statements they wrap, `UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING` "
+            "claim_job's columns + `UPDATE ... SET status = 'done'`, on a table of the same shape "
+            "(`LIKE pglockkit.jobs INCLUDING ALL`: same constraints and indexes) and on a minimal table "
+            "(one partial index). Runs interleaved. Ratios pglockkit/bare of the medians (per-run paired "
+            "range); issue target >= 0.8 against the same shape.",
             "",
-            "| clients | pglockkit jobs/s | bare SQL jobs/s | ratio (per-run range) | >= 0.8 |",
-            "|--:|--:|--:|--:|:-:|",
+            "| clients | pglockkit jobs/s | bare, same shape | ratio (per-run range) | >= 0.8 "
+            "| bare, minimal table | ratio (per-run range) |",
+            "|--:|--:|--:|--:|:-:|--:|--:|",
         ]
         for r in results["claim_complete"]:
             lines.append(
                 f"| {r['clients']} | {spread(_run_rates(r['pglockkit_runs']))} "
-                f"| {spread(_run_rates(r['bare_runs']))} "
+                f"| {spread(_run_rates(r['shape_runs']))} "
                 f"| {r['ratio']:.2f} ({r['run_ratio_min']:.2f}-{r['run_ratio_max']:.2f}) "
-                f"| {_yes(r['ratio'] >= 0.8)} |"
+                f"| {_yes(r['ratio'] >= 0.8)} "
+                f"| {spread(_run_rates(r['bare_runs']))} "
+                f"| {r['ratio_minimal']:.2f} "
+                f"({r['run_ratio_minimal_min']:.2f}-{r['run_ratio_minimal_max']:.2f}) |"
             )
     if "scaling" in results:
         lines += [
@@ -764,6 +799,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batches", type=int_list, default=[1, 10, 100], help="section 4 (default 1,10,100)")
     parser.add_argument(
+        "--sync-commit",
+        choices=["on", "off"],
+        default="on",
+        help="synchronous_commit of every bench connection (default on: durable commits, which wait for "
+        "the WAL flush; off compares the server's CPU cost)",
+    )
+    parser.add_argument(
         "--output", type=Path, default=RESULTS_PATH, help=f"JSON path (default {RESULTS_PATH})"
     )
     return parser
@@ -775,7 +817,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         raise ValueError("--batches: claim_job takes batch 1 to 1000")
     pglockkit.install(dsn)
     names = ("seconds", "runs", "sections", "clients", "workers", "work_ms", "backlog_small", "backlog_large")
-    settings: dict[str, Any] = {k: getattr(args, k) for k in (*names, "batches")}
+    settings: dict[str, Any] = {k: getattr(args, k) for k in (*names, "batches", "sync_commit")}
+    if args.sync_commit == "off":
+        dsn = make_conninfo(dsn, options="-c synchronous_commit=off")
     results: dict[str, Any] = {}
     runners = {1: section_claim_complete, 2: section_scaling, 3: section_backlog, 4: section_batch}
     started = time.perf_counter()
@@ -789,7 +833,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         finally:
             conn.execute(BARE_DROP)
             deleted = reset_jobs(conn)
-            _log(f"cleanup: deleted {deleted:,} bench jobs, dropped bench_bare_jobs")
+            _log(f"cleanup: deleted {deleted:,} bench jobs, dropped bench_bare_jobs and bench_shape_jobs")
     settings["total_s"] = round(time.perf_counter() - started, 1)
     env = environment("bench.queue_throughput", argv, target_name, version)
     return {

@@ -165,7 +165,7 @@ def _queue_rows(d: dict) -> list[Row]:
         rows.append(
             (
                 "queue",
-                f"claim + complete / bare SKIP LOCKED SQL, {r['clients']} client(s)",
+                f"claim + complete / bare SKIP LOCKED SQL (same table shape), {r['clients']} client(s)",
                 f"{r['ratio']:.2f} ({r['run_ratio_min']:.2f}-{r['run_ratio_max']:.2f})",
                 ">= 0.8",
             )

@@ -48,7 +48,7 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
 
     queue = sections["queue"]["data"]["results"]
     assert set(queue) == {"claim_complete", "scaling", "backlog", "batch"}
-    assert all(_positive(r["ratio"]) for r in queue["claim_complete"])
+    assert all(_positive(r["ratio"]) and _positive(r["ratio_minimal"]) for r in queue["claim_complete"])
     assert all(_positive(r["queue_jobs_s"]) and _positive(r["global_lock_units_s"]) for r in queue["scaling"])
     assert [c["case"] for c in queue["backlog"]["cases"]] == ["a", "b", "c"]
     assert all(_positive(c["ratio_vs_a"]) for c in queue["backlog"]["cases"])
