@@ -31,7 +31,10 @@ share the CPUs with the server.
 
 3. Backlog independence (one client, as in 1): claim + complete with (a) ``--backlog-small``
    pending jobs, (b) ``--backlog-large`` pending jobs, (c) ``--backlog-small`` pending jobs plus
-   ``--backlog-large`` finished (``done``) jobs of the same queue. Each case is alone in the table
+   ``--backlog-large`` finished (``done``) jobs of the same queue, (d) ``--backlog-small`` pending
+   jobs plus ``--backlog-large`` jobs of the same queue due a day later at a higher priority (in
+   the ready index, which is ordered by priority, they come before the due jobs). Each
+   case is alone in the table
    (earlier bench rows deleted, table vacuumed), filled by a direct ``INSERT ... SELECT
    generate_series`` into ``pglockkit.jobs`` (this needs the table owner) and ``VACUUM ANALYZE``;
    before each run the queue is topped up to its backlog. The cases need different table states,
@@ -107,6 +110,10 @@ SELECT %s, now(), now() FROM generate_series(1, %s)
 DIRECT_DONE = """
 INSERT INTO pglockkit.jobs (queue, status, attempt, worker, run_at, created_at, started_at, finished_at)
 SELECT %s, 'done', 1, 'bench', now(), now(), now(), now() FROM generate_series(1, %s)
+"""
+DIRECT_LATER = """
+INSERT INTO pglockkit.jobs (queue, priority, run_at, created_at)
+SELECT %s, 10, now() + interval '1 day', now() FROM generate_series(1, %s)
 """
 
 BARE_SETUP = """
@@ -561,17 +568,30 @@ def _table_state(conn: psycopg.Connection) -> dict[str, Any]:
 
 def section_backlog(dsn: str, conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
     small, large = args.backlog_small, args.backlog_large
-    cases = [
-        ("a", f"{small:,} pending", Queue("bench_backlog_small", "direct"), small, 0),
-        ("b", f"{large:,} pending", Queue("bench_backlog_large", "direct"), large, 0),
-        ("c", f"{small:,} pending + {large:,} done", Queue("bench_backlog_done", "direct"), small, large),
+    cases = [  # (key, label, queue, pending, (rows that stay in the table, how many) or None)
+        ("a", f"{small:,} pending", Queue("bench_backlog_small", "direct"), small, None),
+        ("b", f"{large:,} pending", Queue("bench_backlog_large", "direct"), large, None),
+        (
+            "c",
+            f"{small:,} pending + {large:,} done",
+            Queue("bench_backlog_done", "direct"),
+            small,
+            (DIRECT_DONE, large),
+        ),
+        (
+            "d",
+            f"{small:,} pending + {large:,} due a day later at a higher priority",
+            Queue("bench_backlog_later", "direct"),
+            small,
+            (DIRECT_LATER, large),
+        ),
     ]
     rows = []
-    for key, label, queue, pending, done in cases:
+    for key, label, queue, pending, others in cases:
         reset_jobs(conn)
         started = time.perf_counter()
-        if done:
-            conn.execute(DIRECT_DONE, (queue.name, done))
+        if others:
+            conn.execute(others[0], (queue.name, others[1]))
         queue.top_up(conn, pending)
         vacuum(conn, ["pglockkit.jobs"])
         fill_s = time.perf_counter() - started
@@ -592,7 +612,8 @@ def section_backlog(dsn: str, conn: psycopg.Connection, args: argparse.Namespace
                 "case": key,
                 "label": label,
                 "pending_at_start": pending,
-                "done_rows": done,
+                "done_rows": others[1] if others and others[0] is DIRECT_DONE else 0,
+                "later_rows": others[1] if others and others[0] is DIRECT_LATER else 0,
                 "fill_s": fill_s,
                 **state,
                 "jobs_s": _median(runs),

@@ -2201,22 +2201,30 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 -- ==== migration 0012_lean_claim ====
 
--- pglockkit 0012: a leaner claim_job for the common case.
+-- pglockkit 0012: a leaner claim_job, whose cost does not grow with jobs scheduled for later.
 --
--- Measured on the development machine with a server-side loop (claim + complete, a commit after
--- each, one session, synchronous_commit off): the bare SKIP LOCKED UPDATE + UPDATE on
--- pglockkit.jobs cost 263 us, claim_job + complete_job 417 us. Of the difference, the two PERFORMs
--- of the argument checks cost 35 us, and the statement that also reclaims expired leases (a CTE
--- over two indexes, a union and a sort) most of the rest, although a queue seldom has an expired
--- lease.
+-- 1. The common case as the bare statement. Measured on the development machine with a
+--    server-side loop (claim + complete, a commit after each, one session, synchronous_commit
+--    off): the bare SKIP LOCKED UPDATE + UPDATE on pglockkit.jobs cost 263 us, claim_job +
+--    complete_job 417 us. Of the difference, the two PERFORMs of the argument checks cost 35 us,
+--    and the statement that also reclaims expired leases (a CTE over two indexes, a union and a
+--    sort) most of the rest, although a queue seldom has an expired lease.
 --
--- claim_job now runs the bare statement first: update the first due jobs, picked with FOR UPDATE
--- SKIP LOCKED in claim order, on the condition (checked once, before any row is locked) that the
--- queue has no concurrency keys and no expired lease. Only when that claims nothing does it look
--- at why, and run the statement it ran before if the queue has keys or expired leases. The checks
--- are inline. Results and errors are those of the old function, with one difference: the
--- conditions and the fallback are separate statements, so under READ COMMITTED a lease that a
--- commit makes visibly expired in between is reclaimed by the next claim instead of this one.
+--    claim_job now runs the bare statement first: update the first due jobs, picked with FOR
+--    UPDATE SKIP LOCKED in claim order, on the condition (checked once, before any row is locked)
+--    that the queue has no concurrency keys and no expired lease. Only when that claims nothing
+--    does it look at why, and run the statement it ran before if the queue has keys or expired
+--    leases. The checks are inline.
+--
+-- 2. Jobs scheduled for later at a higher priority. jobs_ready is ordered by priority, then
+--    run_at: jobs due tomorrow at priority 10 come before jobs due now at priority 0, and before
+--    PostgreSQL 18 (whose btree skip scan jumps over them) every claim walked their entries. Each
+--    claim statement now walks the queue's priorities (highest first, one index probe each, a
+--    recursive CTE) and, within each, reads the due jobs in run_at order, stopping at the batch.
+--
+-- Results and errors are those of the old function, with one difference: the conditions of 1 and
+-- the fallback are separate statements, so under READ COMMITTED a lease that a commit makes
+-- visibly expired in between is reclaimed by the next claim instead of this one.
 
 CREATE OR REPLACE FUNCTION pglockkit.claim_job(
     queue text, worker text, lease interval DEFAULT '5 minutes', batch integer DEFAULT 1)
@@ -2273,37 +2281,70 @@ BEGIN
     -- one-time filter). Batch 1, the usual worker loop, needs no sort of what it returns.
     IF claim_job.batch OPERATOR(pg_catalog.=) 1 THEN
         RETURN QUERY
+        WITH RECURSIVE
+        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        priorities(priority) AS (
+            (SELECT r.priority FROM pglockkit.jobs r
+              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              ORDER BY r.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.priority FROM pglockkit.jobs r
+                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     ORDER BY r.priority DESC LIMIT 1)
+              FROM priorities p WHERE p.priority IS NOT NULL
+        )
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
                token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
                started_at = v_now
          WHERE j.id OPERATOR(pg_catalog.=) (
-               SELECT r.id
-                 FROM pglockkit.jobs r
-                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                  AND r.run_at OPERATOR(pg_catalog.<=) v_now AND r.concurrency_key IS NULL
-                ORDER BY r.priority DESC, r.run_at, r.id
-                LIMIT 1
-                  FOR UPDATE SKIP LOCKED)
+               SELECT x.id
+                 FROM priorities p CROSS JOIN LATERAL (
+                      SELECT r.id
+                        FROM pglockkit.jobs r
+                       WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                         AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                         AND r.concurrency_key IS NULL
+                       ORDER BY r.run_at, r.id
+                       LIMIT 1
+                         FOR UPDATE SKIP LOCKED) x
+                LIMIT 1)
            AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue)
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
     ELSE
         RETURN QUERY
-        WITH claimed AS (
+        WITH RECURSIVE
+        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        priorities(priority) AS (
+            (SELECT r.priority FROM pglockkit.jobs r
+              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              ORDER BY r.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.priority FROM pglockkit.jobs r
+                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     ORDER BY r.priority DESC LIMIT 1)
+              FROM priorities p WHERE p.priority IS NOT NULL
+        ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
                    token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
                    started_at = v_now
              WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(
-                   SELECT r.id
-                     FROM pglockkit.jobs r
-                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                      AND r.run_at OPERATOR(pg_catalog.<=) v_now AND r.concurrency_key IS NULL
-                    ORDER BY r.priority DESC, r.run_at, r.id
-                    LIMIT claim_job.batch
-                      FOR UPDATE SKIP LOCKED))
+                   SELECT x.id
+                     FROM priorities p CROSS JOIN LATERAL (
+                          SELECT r.id
+                            FROM pglockkit.jobs r
+                           WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                             AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                             AND r.concurrency_key IS NULL
+                           ORDER BY r.run_at, r.id
+                           LIMIT claim_job.batch
+                             FOR UPDATE SKIP LOCKED) x
+                    LIMIT claim_job.batch))
                AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue)
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
@@ -2333,7 +2374,19 @@ BEGIN
         -- key's row first), but leases expired: reclaim them first, without the per-key
         -- bookkeeping. Keyed jobs are excluded anyway, should one be committed meanwhile.
         RETURN QUERY
-        WITH expired AS (
+        WITH RECURSIVE
+        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        priorities(priority) AS (
+            (SELECT r.priority FROM pglockkit.jobs r
+              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              ORDER BY r.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.priority FROM pglockkit.jobs r
+                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     ORDER BY r.priority DESC LIMIT 1)
+              FROM priorities p WHERE p.priority IS NOT NULL
+        ), expired AS (
             SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted
               FROM pglockkit.jobs j
              WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
@@ -2347,13 +2400,17 @@ BEGIN
               FROM expired e
              WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
         ), ready AS (
-            SELECT j.id
-              FROM pglockkit.jobs j
-             WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'queued'
-               AND j.run_at OPERATOR(pg_catalog.<=) v_now AND j.concurrency_key IS NULL
-             ORDER BY j.priority DESC, j.run_at, j.id
+            SELECT x.id
+              FROM priorities p CROSS JOIN LATERAL (
+                   SELECT r.id
+                     FROM pglockkit.jobs r
+                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                      AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                      AND r.concurrency_key IS NULL
+                    ORDER BY r.run_at, r.id
+                    LIMIT claim_job.batch
+                      FOR UPDATE SKIP LOCKED) x
              LIMIT claim_job.batch
-               FOR UPDATE SKIP LOCKED
         ), picked AS (
             SELECT c.id FROM (SELECT e.id, 0 AS rank FROM expired e WHERE NOT e.exhausted
                               UNION ALL SELECT r.id, 1 AS rank FROM ready r) c
@@ -2384,7 +2441,19 @@ BEGIN
     -- got no room stay queued. A key with a job buried here (dead on its last attempt's expiry)
     -- is not claimed in the same call, so that each key's row changes at most once per statement.
     RETURN QUERY
-    WITH expired AS (
+    WITH RECURSIVE
+    -- The queue's priorities with queued jobs, highest first, one index probe each.
+    priorities(priority) AS (
+        (SELECT r.priority FROM pglockkit.jobs r
+          WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+          ORDER BY r.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.priority FROM pglockkit.jobs r
+                 WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                   AND r.priority OPERATOR(pg_catalog.<) p.priority
+                 ORDER BY r.priority DESC LIMIT 1)
+          FROM priorities p WHERE p.priority IS NOT NULL
+    ), expired AS (
         SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted, j.concurrency_key
           FROM pglockkit.jobs j
          WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
@@ -2398,17 +2467,20 @@ BEGIN
           FROM expired e
          WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
     ), ready AS (
-        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
-          FROM pglockkit.jobs j
-         WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'queued'
-           AND j.run_at OPERATOR(pg_catalog.<=) v_now
-           AND (j.concurrency_key IS NULL OR NOT EXISTS (
-                SELECT FROM pglockkit.job_keys k
-                 WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) j.concurrency_key
-                   AND k.running OPERATOR(pg_catalog.>=) j.concurrency_limit))
-         ORDER BY j.priority DESC, j.run_at, j.id
+        SELECT x.id, x.priority, x.run_at, x.concurrency_key, x.concurrency_limit
+          FROM priorities p CROSS JOIN LATERAL (
+               SELECT r.id, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit
+                 FROM pglockkit.jobs r
+                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                  AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                  AND (r.concurrency_key IS NULL OR NOT EXISTS (
+                  SELECT FROM pglockkit.job_keys k
+                   WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) r.concurrency_key
+                     AND k.running OPERATOR(pg_catalog.>=) r.concurrency_limit))
+                ORDER BY r.run_at, r.id
+                LIMIT claim_job.batch
+                  FOR UPDATE SKIP LOCKED) x
          LIMIT claim_job.batch
-           FOR UPDATE SKIP LOCKED
     ), allowed AS (
         SELECT r.*, pg_catalog.row_number() OVER (ORDER BY r.priority DESC, r.run_at, r.id) AS pos
           FROM (SELECT r.*, pg_catalog.row_number() OVER (PARTITION BY r.concurrency_key

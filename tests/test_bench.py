@@ -50,7 +50,7 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
     assert set(queue) == {"claim_complete", "scaling", "backlog", "batch"}
     assert all(_positive(r["ratio"]) and _positive(r["ratio_minimal"]) for r in queue["claim_complete"])
     assert all(_positive(r["queue_jobs_s"]) and _positive(r["global_lock_units_s"]) for r in queue["scaling"])
-    assert [c["case"] for c in queue["backlog"]["cases"]] == ["a", "b", "c"]
+    assert [c["case"] for c in queue["backlog"]["cases"]] == ["a", "b", "c", "d"]
     assert all(_positive(c["ratio_vs_a"]) for c in queue["backlog"]["cases"])
     assert all(_positive(r["jobs_s"]) for r in queue["batch"])
 

@@ -4,6 +4,7 @@ steps over several connections, and exactly-once completion while workers are SI
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
@@ -647,3 +648,44 @@ def test_worker_claims_the_next_job_in_the_transaction_that_completes_one(done_l
     # worker's sessions (LISTEN, the last empty claim) and this test's own reads. Claiming in a
     # transaction of its own made it 2 * total and more.
     assert total <= commits < 1.5 * total, commits
+
+
+def _nested_buffers(conn, sql, params=()):
+    """Shared buffers (hit + read) of each statement that `sql` runs inside functions: one number
+    per nested statement, from its top plan node (which counts its children)."""
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_analyze = on")
+    conn.execute("SET auto_explain.log_buffers = on")
+    conn.execute("SET auto_explain.log_timing = off")
+    result, plans = _plans(conn, sql, params)
+    counts = []
+    for plan in plans.split("Query Text:")[1:]:
+        if plan.lstrip().startswith(sql.split("(")[0]):
+            continue  # the outermost statement: its numbers include the nested ones
+        found = re.search(r"Buffers: shared (?:hit=(\d+))?\s*(?:read=(\d+))?", plan)
+        counts.append(int(found.group(1) or 0) + int(found.group(2) or 0) if found else 0)
+    return result, counts
+
+
+@pytest.mark.parametrize("later_priority", [0, 10])
+def test_jobs_scheduled_for_later_are_not_read_by_a_claim(db, later_priority):
+    """20,000 jobs due tomorrow, at the due job's priority or above it: a claim reads a few pages
+    either way. (Ordered by priority first, the ready index puts jobs due tomorrow at priority 10
+    before jobs due now at priority 0: claim_job walks the priorities, one index probe each, and
+    reads only due entries within each.)"""
+    db.conn.execute(
+        "INSERT INTO pglockkit.jobs (queue, priority, run_at) "
+        "SELECT 'later', %s, now() + interval '1 day' FROM generate_series(1, 20000)",
+        (later_priority,),
+    )
+    due = q.enqueue(db.conn, "later")
+    db.conn.execute("VACUUM ANALYZE pglockkit.jobs")
+    with db.connect() as conn:
+        q.claim(conn, "warm-up", "w")  # plans made and catalogs read: not what is measured
+        [(job_id,)], buffers = _nested_buffers(
+            conn, "SELECT id FROM pglockkit.claim_job('later', 'w', '1 minute', 1)"
+        )
+    assert job_id == due
+    # The jobs_ready entries of 20,000 jobs fill about 100 pages; a claim's update and its index
+    # entries take about 50.
+    assert 0 < sum(buffers) < 80, buffers
