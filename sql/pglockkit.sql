@@ -2282,7 +2282,10 @@ BEGIN
     IF claim_job.batch OPERATOR(pg_catalog.=) 1 THEN
         RETURN QUERY
         WITH RECURSIVE
-        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        -- The queue's priorities with queued jobs, highest first, one index probe each. Joined
+        -- laterally to each priority's due jobs (run_at, id order) under a LIMIT, the rows come in
+        -- claim order: the recursive union yields the priorities in the order it finds them, and
+        -- the nested loop keeps that order (it cannot be another join: the subquery is lateral).
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
               WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'

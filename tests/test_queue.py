@@ -47,6 +47,16 @@ def test_priority_then_run_at_then_fifo(db):
     assert order == [high, a, b, low]
 
 
+def test_a_batch_takes_the_first_jobs_in_claim_order_across_priorities(db):
+    order = [("c", 0), ("a", 5), ("d", 0), ("b", 5)]
+    jobs = {n: q.enqueue(db.conn, "q", {"n": n}, priority=p) for n, p in order}
+    later = q.enqueue(db.conn, "q", {"n": "later"}, priority=9, delay=60)  # not due: passed over
+    assert [j.id for j in q.claim(db.conn, "q", "w", batch=3)] == [jobs["a"], jobs["b"], jobs["c"]]
+    assert [j.id for j in q.claim(db.conn, "q", "w", batch=1)] == [jobs["d"]]
+    assert q.claim(db.conn, "q", "w", batch=5) == []
+    assert _status(db.conn, later) == ("queued", 0)
+
+
 def test_future_run_at_is_invisible_until_due(db):
     later = q.enqueue(db.conn, "q", delay=0.5)
     assert q.claim(db.conn, "q", "w") == []
