@@ -580,30 +580,27 @@ def _table_state(conn: psycopg.Connection) -> dict[str, Any]:
 
 def section_backlog(dsn: str, conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
     small, large = args.backlog_small, args.backlog_large
-    cases = [  # (key, label, queue, pending, (rows that stay in the table, how many) or None)
-        ("a", f"{small:,} pending", Queue("bench_backlog_small", "direct"), small, None),
-        ("b", f"{large:,} pending", Queue("bench_backlog_large", "direct"), large, None),
-        (
-            "c",
-            f"{small:,} pending + {large:,} done",
-            Queue("bench_backlog_done", "direct"),
-            small,
-            (DIRECT_DONE, large),
-        ),
+    cases = [  # (key, label, queue, pending jobs, done jobs, jobs due a day later at a higher priority)
+        ("a", f"{small:,} pending", Queue("bench_backlog_small", "direct"), small, 0, 0),
+        ("b", f"{large:,} pending", Queue("bench_backlog_large", "direct"), large, 0, 0),
+        ("c", f"{small:,} pending + {large:,} done", Queue("bench_backlog_done", "direct"), small, large, 0),
         (
             "d",
             f"{small:,} pending + {large:,} due a day later at a higher priority",
             Queue("bench_backlog_later", "direct"),
             small,
-            (DIRECT_LATER, large),
+            0,
+            large,
         ),
     ]
     rows = []
-    for key, label, queue, pending, others in cases:
+    for key, label, queue, pending, done, later in cases:
         reset_jobs(conn)
         started = time.perf_counter()
-        if others:
-            conn.execute(others[0], (queue.name, others[1]))
+        if done:
+            conn.execute(DIRECT_DONE, (queue.name, done))
+        if later:
+            conn.execute(DIRECT_LATER, (queue.name, later))
         queue.top_up(conn, pending)
         vacuum(conn, ["pglockkit.jobs"])
         flushed = checkpoint(conn)
@@ -629,8 +626,8 @@ def section_backlog(dsn: str, conn: psycopg.Connection, args: argparse.Namespace
                 "case": key,
                 "label": label,
                 "pending_at_start": pending,
-                "done_rows": others[1] if others and others[0] is DIRECT_DONE else 0,
-                "later_rows": others[1] if others and others[0] is DIRECT_LATER else 0,
+                "done_rows": done,
+                "later_rows": later,
                 "fill_s": fill_s,
                 **state,
                 "jobs_s": _median(runs),
