@@ -496,6 +496,28 @@ def test_fairness_a_flood_on_one_key_does_not_starve_another(db):
     assert order == [flood[0], *small]
 
 
+def test_single_claims_in_a_queue_with_keys_keep_claim_order_and_limits(db):
+    """Batch 1 takes the first due job itself when it has no key, and hands a keyed first job to
+    the keyed path (since 0013 it does not ask whether the queue has keys). Either way the order is
+    the claim order, minus keys at their limit, and the per-key counts stay right."""
+    a1 = q.enqueue(db.conn, "t", {"n": 1}, concurrency_key="A", concurrency_limit=1)
+    u1 = q.enqueue(db.conn, "t", {"n": 2})
+    a2 = q.enqueue(db.conn, "t", {"n": 3}, concurrency_key="A", concurrency_limit=1)
+    u2 = q.enqueue(db.conn, "t", {"n": 4})
+    b1 = q.enqueue(db.conn, "t", {"n": 5}, concurrency_key="B", concurrency_limit=1)
+    claimed = []
+    while jobs := q.claim(db.conn, "t", "w"):
+        [job] = jobs
+        claimed.append(job)
+        assert _keys_consistent(db.conn)
+    assert [j.id for j in claimed] == [a1, u1, u2, b1]  # a2 waits: A is at its limit
+    running = dict(db.conn.execute("SELECT key, running FROM pglockkit.job_keys WHERE queue = 't'").fetchall())
+    assert running == {"A": 1, "B": 1}
+    assert q.complete(db.conn, claimed[0])
+    [next_job] = q.claim(db.conn, "t", "w")
+    assert next_job.id == a2 and _keys_consistent(db.conn)
+
+
 def test_counts_follow_every_way_out_of_running(db):
     def keyed(**kw):
         return q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=10, **kw)
@@ -527,9 +549,11 @@ def test_counts_follow_every_way_out_of_running(db):
     assert db.conn.execute("SELECT running FROM pglockkit.job_keys WHERE key = 'k'").fetchone()[0] == 0
 
 
-def test_concurrent_claimers_never_exceed_a_key_limit(db):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_concurrent_claimers_never_exceed_a_key_limit(db, batch):
     """Eight threads race on a queue where key K allows 2 at once: the recorded running intervals
-    of K's jobs never overlap three deep (checked in SQL), and the unkeyed jobs flow past."""
+    of K's jobs never overlap three deep (checked in SQL), and the unkeyed jobs flow past. Batch 1
+    and batch 3 take different statements in claim_job."""
     db.conn.execute("CREATE TABLE k_intervals (job_id bigint, s timestamptz, e timestamptz)")
     keyed = [
         q.enqueue(db.conn, "t", {"k": True}, concurrency_key="K", concurrency_limit=2) for _ in range(40)
@@ -540,7 +564,7 @@ def test_concurrent_claimers_never_exceed_a_key_limit(db):
     def worker():
         try:
             with db.connect() as conn:
-                while jobs := q.claim(conn, "t", "w", batch=3):
+                while jobs := q.claim(conn, "t", "w", batch=batch):
                     for job in jobs:
                         if job.payload.get("k"):
                             conn.execute(
