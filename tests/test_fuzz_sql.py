@@ -60,8 +60,8 @@ LOOSE_CLASSES = {"22"}
 NUL_STATES = {"22021", "22P05"}
 NEVER = {"XX000", "XX001", "XX002"}
 # A huge array (up to 100,000 elements) may take longer than statement_timeout (lock_rows takes
-# one subtransaction per id), and 20,000+ advisory locks in one transaction exhaust the server's
-# lock table (53200 out of shared memory, xact_lock_all): limits of the server, not of pglockkit.
+# one subtransaction per id), and may exhaust the server's lock table (53200 out of shared memory):
+# limits of the server, not of pglockkit. (xact_lock_all refuses over 1000 resources since 0014.)
 HEAVY_STATES = {"57014", "53200"}
 
 NULL_ = "22004"

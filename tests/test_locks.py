@@ -344,6 +344,13 @@ def test_xact_lock_all_dedupes_and_handles_integers_and_empty(db, ns):
         assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 3
 
 
+def test_xact_lock_all_takes_up_to_1000_resources(db, ns):
+    with db.connect() as conn, conn.transaction():
+        keys = pglockkit.xact_lock_all(conn, ns, [f"r{i}" for i in range(1000)])
+        assert len(set(keys)) == 1000 and keys == sorted(keys)
+        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 1000
+
+
 # --- row locks ----------------------------------------------------------------------------------
 
 
@@ -423,6 +430,17 @@ BAD_CALLS = [
     ("SELECT pglockkit.xact_lock_all('graphs', ARRAY['a', NULL])", "22004", "without nulls"),
     ("SELECT pglockkit.xact_lock_all('graphs', ARRAY[1, -1]::bigint[])", "22003", "out of range"),
     ("SELECT pglockkit.xact_lock_all('graphs', ARRAY['a'], interval '0')", "22023", "must be positive"),
+    (
+        "SELECT pglockkit.xact_lock_all('graphs', ARRAY(SELECT 'r' || g FROM generate_series(1, 1001) g))",
+        "22023",
+        "at most 1000 resources, got 1001",
+    ),
+    # 20,001 locks would fill the server's shared lock table (53200 for every session) before 0014.
+    (
+        "SELECT pglockkit.xact_lock_all('graphs', ARRAY(SELECT g::bigint FROM generate_series(0, 20000) g))",
+        "22023",
+        "at most 1000 resources, got 20001",
+    ),
 ]
 
 
