@@ -57,6 +57,24 @@ def test_a_batch_takes_the_first_jobs_in_claim_order_across_priorities(db):
     assert _status(db.conn, later) == ("queued", 0)
 
 
+def test_single_claims_follow_priority_past_later_and_locked_jobs(db):
+    """Batch 1 in claim order when the top priority has no free due job: one due later, one held
+    by an open claim. (Before PostgreSQL 18 the claim tries the top priority alone first, then
+    walks the priorities; on 18 one skip scan does both.)"""
+    q.enqueue(db.conn, "q", {"n": "later"}, priority=20, delay=60)
+    held = q.enqueue(db.conn, "q", {"n": "held"}, priority=10)
+    low = [q.enqueue(db.conn, "q", {"n": f"low{i}"}) for i in range(2)]
+    with db.connect() as other:
+        other.execute("BEGIN")
+        [taken] = q.claim(other, "q", "other")  # uncommitted: the row is locked, still queued to us
+        assert taken.id == held
+        assert [j.id for j in q.claim(db.conn, "q", "w")] == [low[0]]
+        other.execute("ROLLBACK")  # the held job is free again, ahead of low[1]
+    assert [j.id for j in q.claim(db.conn, "q", "w")] == [held]
+    assert [j.id for j in q.claim(db.conn, "q", "w")] == [low[1]]
+    assert q.claim(db.conn, "q", "w") == []
+
+
 def test_future_run_at_is_invisible_until_due(db):
     later = q.enqueue(db.conn, "q", delay=0.5)
     assert q.claim(db.conn, "q", "w") == []
