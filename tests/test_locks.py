@@ -410,6 +410,25 @@ def test_lock_rows_bad_input(db, call, sqlstate):
     assert err.value.sqlstate == sqlstate
 
 
+@pytest.mark.parametrize("id_type", ["uuid", "text", "timestamp with time zone"])
+def test_lock_rows_names_an_id_column_that_is_not_a_number(db, id_type):
+    db.conn.execute(f"CREATE TABLE keyed (id {id_type} PRIMARY KEY)")
+    message = f'column "id" of table public.keyed is {id_type}, not an integer'
+    with pytest.raises(psycopg.Error, match=message) as err:
+        db.conn.execute("SELECT pglockkit.lock_rows('keyed', ARRAY[1])")
+    assert err.value.sqlstate == "42804"
+    assert "xact_lock_all" in err.value.diag.message_hint
+
+
+@pytest.mark.parametrize("id_type", ["smallint", "integer", "numeric", "positive_int"])
+def test_lock_rows_takes_any_integer_id_column(db, id_type):
+    db.conn.execute("CREATE DOMAIN positive_int AS integer CHECK (VALUE > 0)")
+    db.conn.execute(f"CREATE TABLE counted (id {id_type} PRIMARY KEY)")
+    db.conn.execute("INSERT INTO counted SELECT g FROM generate_series(1, 3) g")
+    with db.connect() as conn, conn.transaction():
+        assert conn.execute("SELECT pglockkit.lock_rows('counted', ARRAY[3, 1, 7])").fetchone()[0] == 2
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 BAD_CALLS = [
