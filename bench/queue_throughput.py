@@ -768,7 +768,8 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
             "the machine's drift over the minutes in between does not enter the ratio. Row (a): all its "
             "runs. Issue target: ratio vs (a) within 0.8-1.2.",
             "",
-            "| case | backlog | table rows | table MB | jobs/s | (a) just before, jobs/s | ratio vs (a) | within 20% |",
+            "| case | backlog | table rows | table MB | jobs/s | (a) just before, jobs/s | ratio vs (a) "
+            "| within 20% |",
             "|---|---|--:|--:|--:|--:|--:|:-:|",
         ]
         for r in b["cases"]:

@@ -529,8 +529,8 @@ def test_single_claims_in_a_queue_with_keys_keep_claim_order_and_limits(db):
         claimed.append(job)
         assert _keys_consistent(db.conn)
     assert [j.id for j in claimed] == [a1, u1, u2, b1]  # a2 waits: A is at its limit
-    running = dict(db.conn.execute("SELECT key, running FROM pglockkit.job_keys WHERE queue = 't'").fetchall())
-    assert running == {"A": 1, "B": 1}
+    running = db.conn.execute("SELECT key, running FROM pglockkit.job_keys WHERE queue = 't'").fetchall()
+    assert dict(running) == {"A": 1, "B": 1}
     assert q.complete(db.conn, claimed[0])
     [next_job] = q.claim(db.conn, "t", "w")
     assert next_job.id == a2 and _keys_consistent(db.conn)
