@@ -2989,9 +2989,9 @@ COMMENT ON FUNCTION pglockkit.xact_lock_all(text, text[], interval) IS
 -- pglockkit 0015: lock_rows names a table whose "id" column is not a number.
 --
 -- lock_rows compares "id" with bigint ids. On a table whose id is a uuid or text it failed inside
--- its dynamic statement with a bare 42883 (operator does not exist: uuid = bigint). It now checks
--- first that "id" compares with a bigint, and raises 42804 (datatype_mismatch) naming the table
--- and the type otherwise.
+-- its dynamic statement with a bare 42883 (operator does not exist: uuid = bigint). It now raises
+-- 42804 (datatype_mismatch) naming the table and the column's type, with the server's message as
+-- the detail. An empty ids array locks nothing and is not checked.
 
 CREATE OR REPLACE FUNCTION pglockkit.lock_rows(tbl regclass, ids bigint[], timeout interval DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -3023,14 +3023,6 @@ BEGIN
     END IF;
     -- regclass output is schema-qualified where needed and quoted: safe to splice in.
     v_sql := pg_catalog.format('SELECT 1 FROM %s WHERE id = $1 FOR UPDATE', tbl);
-    BEGIN
-        -- Does "id" compare with a bigint (integers, numeric, domains over them)? Reads no row.
-        EXECUTE pg_catalog.format('SELECT FROM %s WHERE id = $1 LIMIT 0', tbl) USING 0::bigint;
-    EXCEPTION WHEN undefined_function THEN
-        RAISE EXCEPTION 'column "id" of table % is %, not an integer', tbl, v_type
-            USING ERRCODE = 'datatype_mismatch',
-                  HINT = 'lock_rows locks rows by integer id; for other keys, lock them with xact_lock_all (text resources) or SELECT ... ORDER BY key FOR UPDATE.';
-    END;
     v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
     -- One row at a time in ascending id order: the order is what prevents deadlocks, and the
     -- deadline makes the timeout bound the whole call.
@@ -3046,6 +3038,12 @@ BEGIN
             RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'Retry with jittered backoff; pg_blocking_pids() of a waiting session names who blocks it.';
+        WHEN undefined_function THEN
+            -- "id" does not compare with a bigint (a uuid, text, ...): raised by the first id, before
+            -- any row is locked. Caught here rather than checked up front, so a good call pays nothing.
+            RAISE EXCEPTION 'column "id" of table % is %, not an integer', tbl, v_type
+                USING ERRCODE = 'datatype_mismatch', DETAIL = SQLERRM,
+                      HINT = 'lock_rows locks rows by integer id; for other keys, lock them with xact_lock_all (text resources) or SELECT ... ORDER BY key FOR UPDATE.';
         END;
         v_found := v_found OPERATOR(pg_catalog.+) v_rows;
     END LOOP;

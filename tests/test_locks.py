@@ -417,6 +417,7 @@ def test_lock_rows_names_an_id_column_that_is_not_a_number(db, id_type):
     with pytest.raises(psycopg.Error, match=message) as err:
         db.conn.execute("SELECT pglockkit.lock_rows('keyed', ARRAY[1])")
     assert err.value.sqlstate == "42804"
+    assert "operator does not exist" in err.value.diag.message_detail
     assert "xact_lock_all" in err.value.diag.message_hint
 
 
