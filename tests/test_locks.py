@@ -192,6 +192,26 @@ def test_xact_lock_times_out_in_about_the_timeout(db, ns):
         assert "try_xact_lock" in cause.diag.message_hint
 
 
+@pytest.mark.parametrize("resource", [7, "invoice:7"])
+@pytest.mark.parametrize("call", ["xact_lock", "xact_lock_with_timeout", "try_xact_lock"])
+def test_a_free_transaction_lock_takes_exactly_its_key(db, ns, call, resource):
+    """The uncontended path (one function call since 0016 and 0017) takes the documented key."""
+    sql = {
+        "xact_lock": "SELECT pglockkit.xact_lock(%s, %s)",
+        "xact_lock_with_timeout": "SELECT pglockkit.xact_lock(%s, %s, interval '1 s')",
+        "try_xact_lock": "SELECT pglockkit.try_xact_lock(%s, %s)",
+    }[call]
+    key = lock_key(namespace_id(ns), resource)
+    with db.connect() as conn, conn.transaction():
+        got = conn.execute(sql, (ns, resource)).fetchone()[0]
+        assert got == (True if call == "try_xact_lock" else key)
+        held = conn.execute(
+            """SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
+                WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()"""
+        ).fetchall()
+        assert held == [(key,)]
+
+
 def test_xact_lock_waits_and_gets_the_lock_when_released(db, ns):
     with db.connect() as holder, db.connect() as waiter:
         holder.execute("BEGIN")
