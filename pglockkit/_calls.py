@@ -417,6 +417,13 @@ def extend(job: Job, lease: float | timedelta) -> Call[bool]:
     return Call("SELECT pglockkit.extend_job(%s, %s, %s)", (job.id, job.token, seconds(lease)))
 
 
+def extend_many(jobs: Sequence[Job], lease: float | timedelta) -> Call[int]:
+    return Call(
+        "SELECT pglockkit.extend_jobs(%s::bigint[], %s::bigint[], %s)",
+        ([j.id for j in jobs], [j.token for j in jobs], seconds(lease)),
+    )
+
+
 def release(job: Job) -> Call[bool]:
     return Call("SELECT pglockkit.release_job(%s, %s)", (job.id, job.token))
 

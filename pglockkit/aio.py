@@ -50,6 +50,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "extend",
+    "extend_many",
     "fail",
     "finish_run",
     "lock_rows",
@@ -330,6 +331,11 @@ async def fail(
 async def extend(conn: psycopg.AsyncConnection, job: Job, lease: float | timedelta) -> bool:
     """Heartbeat; False if the claim is stale."""
     return await _calls.arun(conn, _calls.extend(job, lease))
+
+
+async def extend_many(conn: psycopg.AsyncConnection, jobs: Sequence[Job], lease: float | timedelta) -> int:
+    """Heartbeat for many jobs in one statement; returns how many claims were current and extended."""
+    return await _calls.arun(conn, _calls.extend_many(jobs, lease))
 
 
 async def release(conn: psycopg.AsyncConnection, job: Job) -> bool:

@@ -102,6 +102,12 @@ def extend(conn: psycopg.Connection, job: Job, lease: float | timedelta) -> bool
     return _calls.run(conn, _calls.extend(job, lease))
 
 
+def extend_many(conn: psycopg.Connection, jobs: Sequence[Job], lease: float | timedelta) -> int:
+    """Heartbeat for many jobs in one statement; returns how many claims were current and extended
+    (a job whose row another transaction holds is passed over, never waited for)."""
+    return _calls.run(conn, _calls.extend_many(jobs, lease))
+
+
 def release(conn: psycopg.Connection, job: Job) -> bool:
     """Give a claimed job back unstarted (its attempt does not count)."""
     return _calls.run(conn, _calls.release(job))

@@ -593,6 +593,14 @@ FUNCTIONS: dict[str, Fn] = {
     "extend_job(bigint, bigint, interval)": fn(
         [job_id, job_token, ("lease", interval_arg(JOB_LEASES))], {NULL_, UNKNOWN, BAD, RANGE}
     ),
+    "extend_jobs(bigint[], bigint[], interval)": fn(
+        [
+            ("ids", bigint_array_arg((1, 2), lives=("jobs.ids",))),
+            ("tokens", bigint_array_arg((1, 2), lives=("jobs.tokens",))),
+            ("lease", interval_arg(JOB_LEASES)),
+        ],
+        {NULL_, BAD, RANGE},
+    ),
     "release_job(bigint, bigint)": fn([job_id, job_token], {NULL_, UNKNOWN}),
     "cancel_job(bigint)": fn([job_id], {NULL_, UNKNOWN}),
     "retry_dead_jobs(text, bigint[])": fn(
@@ -1029,6 +1037,7 @@ FATAL_NULLS = {
     "complete_jobs": ("ids", "tokens"),
     "fail_job": ("id",),
     "extend_job": ("id", "lease"),
+    "extend_jobs": ("ids", "tokens", "lease"),
     "release_job": ("id",),
     "cancel_job": ("id",),
     "retry_dead_jobs": ("queue",),

@@ -153,6 +153,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.enqueue_job(text,jsonb,timestamp with time zone,integer,text,integer,text,integer)",
         "pglockkit.enqueue_jobs(text,jsonb[],timestamp with time zone,integer,integer)",
         "pglockkit.extend_job(bigint,bigint,interval)",
+        "pglockkit.extend_jobs(bigint[],bigint[],interval)",
         "pglockkit.fail_job(bigint,bigint,text,interval)",
         "pglockkit.finish_run(bigint,boolean,text)",
         "pglockkit.prune_jobs(interval,text,boolean)",

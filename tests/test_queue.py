@@ -203,6 +203,32 @@ def test_extend_keeps_the_claim(db):
     assert q.complete(db.conn, job)
 
 
+def test_extend_many_is_fenced_per_job_and_never_waits_on_a_locked_row(db):
+    ids = q.enqueue_many(db.conn, "q", [{}] * 4)
+    jobs = q.claim(db.conn, "q", "w", lease=0.3, batch=4)
+    stale, busy, live, done = jobs
+    time.sleep(0.35)
+    [again] = q.claim(db.conn, "q", "thief", lease=60)  # `stale` expired and was reclaimed...
+    assert again.id == stale.id
+    for j in (busy, live, done):  # ...the others expired too but were not reclaimed (batch 1)
+        q.extend(db.conn, j, 60) or pytest.fail(f"job {j.id} lost")
+    assert q.complete(db.conn, done)
+    with psycopg.connect(db.dsn) as holder:  # a transaction holding `busy`'s row, as an open group
+        holder.execute("SELECT 1 FROM pglockkit.jobs WHERE id = %s FOR NO KEY UPDATE", (busy.id,))
+        db.conn.execute("SET lock_timeout = '2s'")
+        started = time.monotonic()
+        # Only `live` is extended: stale token, row locked by another transaction, job done.
+        assert q.extend_many(db.conn, jobs, 0.5) == 1
+        assert time.monotonic() - started < 1
+    leases = dict(db.conn.execute("SELECT id, lease_expires_at - clock_timestamp() FROM pglockkit.jobs"))
+    assert timedelta(seconds=0.3) < leases[live.id] <= timedelta(seconds=0.5)
+    assert leases[busy.id] > timedelta(seconds=50)  # untouched: still the 60 s of the extend above
+    assert leases[stale.id] > timedelta(seconds=50)  # the thief's claim, untouched
+    assert leases[done.id] is None
+    assert q.extend_many(db.conn, [], 1) == 0
+    assert sorted(ids) == sorted(j.id for j in jobs)
+
+
 def test_release_gives_the_job_back_without_counting_an_attempt(db):
     job_id = q.enqueue(db.conn, "q")
     [job] = q.claim(db.conn, "q", "w")
@@ -271,6 +297,10 @@ def test_batch_claim_and_complete_many(db):
         ("SELECT pglockkit.extend_job(%s, 1, '0 s')", "job", "22023"),
         ("SELECT pglockkit.cancel_job(987654)", (), "42704"),
         ("SELECT pglockkit.complete_jobs(ARRAY[1,2], ARRAY[1])", (), "22023"),
+        ("SELECT pglockkit.extend_jobs(ARRAY[1,2], ARRAY[1], '1 min')", (), "22023"),
+        ("SELECT pglockkit.extend_jobs(NULL, ARRAY[1], '1 min')", (), "22004"),
+        ("SELECT pglockkit.extend_jobs(ARRAY[%s], ARRAY[1], '0 s')", "job", "22023"),
+        ("SELECT pglockkit.extend_jobs(ARRAY[%s], ARRAY[1], '8 days')", "job", "22003"),
         ("SELECT pglockkit.prune_jobs('-1 day')", (), "22023"),
     ],
 )
