@@ -30,9 +30,10 @@ from pglockkit.locks import (
     xact_lock,
     xact_lock_all,
 )
-from pglockkit.queue import Job, Worker
+from pglockkit.queue import Job
 from pglockkit.retry import backoff, retry
 from pglockkit.runs import finish_run, run_once, singleton, start_run
+from pglockkit.worker import Worker
 
 __version__ = "0.1.0"
 

@@ -83,11 +83,70 @@ async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
     return _finish(call, rows, started)
 
 
+def run_pipeline(conn: psycopg.Connection, calls: Sequence[Call[Any]]) -> tuple[list[Any], Exception | None]:
+    """Send ``calls`` in one round trip (psycopg's pipeline mode). Returns the results of the calls
+    that ran, in order, and the error that stopped the rest (None when all ran); the transaction,
+    if one is open, is then aborted. A lost connection raises."""
+    started = time.monotonic()
+    cursors: list[psycopg.Cursor] = []
+    error: Exception | None = None
+    try:
+        with translated(), conn.pipeline():
+            for call in calls:
+                cursors.append(conn.execute(call.query, call.params))
+    except psycopg.OperationalError:
+        raise
+    except Exception as exc:
+        error = exc
+    return _pipeline_results(calls, cursors, started), error
+
+
+async def arun_pipeline(
+    conn: psycopg.AsyncConnection, calls: Sequence[Call[Any]]
+) -> tuple[list[Any], Exception | None]:
+    """``run_pipeline`` on an async connection."""
+    started = time.monotonic()
+    cursors: list[psycopg.AsyncCursor] = []
+    error: Exception | None = None
+    try:
+        with translated():
+            async with conn.pipeline():
+                for call in calls:
+                    cursors.append(await conn.execute(call.query, call.params))
+    except psycopg.OperationalError:
+        raise
+    except Exception as exc:
+        error = exc
+    return _pipeline_results(calls, cursors, started), error
+
+
+def _pipeline_results(calls: Sequence[Call[Any]], cursors: Sequence[Any], started: float) -> list[Any]:
+    results = []
+    for call, cur in zip(calls, cursors, strict=False):
+        if cur.pgresult is None:  # this one failed, or was skipped after a failure
+            break
+        results.append(_finish(call, cur.fetchall() if cur.description is not None else [], started))
+    return results
+
+
 def _finish(call: Call[T], rows: Rows, started: float) -> T:
     result = call.decode(rows)
     if call.done is not None:
         call.done(result, time.monotonic() - started)
     return result
+
+
+def statement(text: str) -> Call[None]:
+    """A fixed statement with no result (BEGIN, COMMIT, ROLLBACK)."""
+    return Call(text, decode=_nothing)
+
+
+def savepoint(n: int) -> Call[None]:
+    return Call(sql.SQL("SAVEPOINT {}").format(sql.Identifier(f"pglockkit_{n}")), decode=_nothing)
+
+
+def rollback_to(n: int) -> Call[None]:
+    return Call(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(f"pglockkit_{n}")), decode=_nothing)
 
 
 def seconds(value: float | timedelta) -> timedelta:

@@ -19,6 +19,7 @@ from pglockkit import demo, embedded, locks, monitor, queue, runs
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, render_bundle, status, uninstall
+from pglockkit.worker import BATCH, GROUP, GROUP_TIME, Worker
 
 EPILOG = f"""\
 Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},
@@ -272,15 +273,22 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_work(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())  # handlers in the current project, like python -m
     handler = queue.load_handler(args.handler)
-    worker = queue.Worker(
-        _dsn(args),
-        args.queue,
-        handler,
-        name=args.name,
-        batch=args.batch,
-        lease=args.lease,
-        poll_interval=args.poll,
-    )
+    try:
+        worker = Worker(
+            _dsn(args),
+            args.queue,
+            handler,
+            name=args.name,
+            concurrency=args.concurrency,
+            batch=args.batch,
+            group=args.group,
+            group_time=args.group_time.total_seconds(),
+            lease=args.lease,
+            poll_interval=args.poll,
+        )
+    except ValueError as exc:
+        print(f"pglockkit work: {exc}", file=sys.stderr)
+        return 2
     done = worker.run(max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle)
     print(f"processed {done} job(s)", file=sys.stderr)
     return 0
@@ -461,12 +469,43 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_work,
         "run a worker: claim jobs of a queue and run a handler on each",
         parents=[conn_opts],
-        epilog="The handler is called as handler(job, conn) inside a transaction that also completes "
-        "the job; raising records a failed attempt. SIGTERM/SIGINT stop it gracefully.",
+        epilog="handler(job, conn) runs inside a transaction that also completes the job (exactly "
+        "once: its writes and the completion commit together); jobs that run one after another "
+        "share one commit, a savepoint each (--group, --group-time). handler(job), with no "
+        "connection, runs outside any transaction and its completions are recorded in batches "
+        "(at least once: a crash runs those jobs again). Raising records a failed attempt, retried "
+        "with backoff. An `async def` handler runs on an asyncio loop. Connections per process: "
+        "--concurrency + 2. SIGTERM/SIGINT finish the jobs in hand and stop.",
     )
     p.add_argument("--queue", required=True)
     p.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
-    p.add_argument("--batch", type=int, default=1, help="jobs per claim (default 1)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="jobs run at once in this process, on N threads or N asyncio tasks (default 1)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=BATCH,
+        help=f"most jobs a claim takes; fewer when jobs are slow (default {BATCH})",
+    )
+    p.add_argument(
+        "--group",
+        type=int,
+        default=GROUP,
+        metavar="N",
+        help=f"most jobs committed together, 1 to 64; 1 commits every job alone (default {GROUP})",
+    )
+    p.add_argument(
+        "--group-time",
+        type=_duration,
+        default=timedelta(seconds=GROUP_TIME),
+        metavar="DURATION",
+        help=f"a group commits at the first job boundary after this (default {GROUP_TIME * 1000:.0f}ms)",
+    )
     p.add_argument(
         "--lease",
         type=_duration,

@@ -1,0 +1,366 @@
+"""``pglockkit.Worker``: claim jobs of a queue and run a handler on each, many at once per process.
+
+Per process, whatever ``concurrency`` is: ``concurrency`` lanes, each a thread running jobs one
+after another on a connection of its own from a ``psycopg_pool`` pool of exactly that size; one
+LISTEN connection (the thread that called ``run``), which wakes idle lanes on NOTIFY; one
+heartbeat thread and connection, which extends every job in hand with one ``extend_jobs``
+statement per tick. So ``concurrency + 2`` connections. What a lane does (group commit, exactly
+once or at least once) is ``pglockkit._lanes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from pglockkit import _calls
+from pglockkit._calls import Job
+from pglockkit._lanes import (
+    IDLE,
+    NOTIFY_CHANNEL,
+    Budget,
+    Handle,
+    HandlerEndedTransaction,
+    Lane,
+    Settings,
+    Watch,
+    error_text,
+    is_async,
+    takes_connection,
+)
+from pglockkit.connection import connect, connect_params
+from pglockkit.leases import default_holder
+from pglockkit.retry import backoff
+
+log = logging.getLogger("pglockkit.queue")
+
+# Defaults, shared with pglockkit.aio.Worker and the CLI.
+BATCH = 10
+GROUP = 32
+GROUP_TIME = 0.02
+LEASE = 60.0
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _Heartbeat:
+    """Extends the lease of every job the process has in hand, every ``lease / 3``, with one
+    statement on its own connection. It never dies: a failed tick is logged and tried again."""
+
+    def __init__(self, dsn: str, lease: timedelta, application_name: str, watch: Watch):
+        self.lease = lease
+        self.watch = watch
+        self._dsn, self._app = dsn, application_name
+        self._stop = threading.Event()
+        self._conn = connect(dsn, autocommit=True, application_name=application_name)
+        self._thread = threading.Thread(target=self._run, name="pglockkit-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.total_seconds() / 3):
+            jobs = self.watch.jobs()
+            if not jobs:
+                continue
+            try:
+                if self._conn.closed:  # lost (server restart, network): try again each tick
+                    self._conn = connect(self._dsn, autocommit=True, application_name=self._app)
+                extended = _calls.run(self._conn, _calls.extend_many(jobs, self.lease))
+                if extended < len(jobs):
+                    log.debug(
+                        "heartbeat extended %d of %d jobs (others finished or stale)", extended, len(jobs)
+                    )
+            except Exception as exc:  # anything another session did must not end the heartbeat
+                log.warning("heartbeat failed for %d job(s): %s", len(jobs), first_line(exc))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+
+
+class Worker:
+    """Claim, run, heartbeat, complete or fail; wake on NOTIFY, poll as a fallback; stop gracefully.
+
+    ``handler(job, conn)`` runs inside a transaction on ``conn``, and the job's completion commits
+    in that same transaction: its writes and its ``done`` commit together or not at all (exactly
+    once). Jobs that run one after another on a connection share one transaction, a savepoint
+    each (group commit: ``group`` jobs or ``group_time`` seconds, whichever comes first). Raising
+    rolls back to the job's savepoint and records a failed attempt (retried with backoff until
+    ``max_attempts``, then dead); the group's other jobs are not affected.
+
+    ``handler(job)``, with no connection (it only calls outside systems), runs outside any
+    transaction, and its completions are recorded in batches: a crash before they are recorded
+    runs those jobs again (at least once).
+
+    ``concurrency`` jobs run at once: ``def`` handlers on that many threads, ``async def``
+    handlers on an asyncio loop (``pglockkit.aio.Worker``). A lane claims up to ``batch`` jobs at
+    a time, fewer when its jobs are slow. SIGTERM/SIGINT (when ``run`` is called in the main
+    thread) finish the jobs in hand, commit, give back unstarted jobs, and return.
+
+    A lost connection (server restart, failover, terminated backend) is retried with full-jitter
+    exponential backoff (0.1 s doubling up to ``reconnect_cap``); the open group's jobs go back by
+    their lease. A first connection that fails raises at once (a wrong DSN is not an outage).
+
+    >>> def send(job, conn):  # doctest: +SKIP
+    ...     conn.execute("INSERT INTO sent (job_id, email) VALUES (%s, %s)", (job.id, job.payload["to"]))
+    >>> Worker(dsn, "emails", send, concurrency=4).run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        queue: str,
+        handler: Callable[..., Any],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        batch: int = BATCH,
+        group: int = GROUP,
+        group_time: float = GROUP_TIME,
+        lease: float | timedelta = LEASE,
+        poll_interval: float = 1.0,
+        reconnect_cap: float = 10.0,
+    ):
+        self.dsn = dsn
+        self.handler = handler
+        self.settings = Settings.checked(
+            queue,
+            name or default_holder(),
+            concurrency=concurrency,
+            batch=batch,
+            group=group,
+            group_time=group_time,
+            lease=lease,
+            poll_interval=poll_interval,
+            reconnect_cap=reconnect_cap,
+            exactly_once=takes_connection(handler),
+        )
+        self.queue, self.name = queue, self.settings.name
+        self.reconnects = 0
+        self._budget = Budget(None)
+        self._watch = Watch()
+        self._stopping = threading.Event()
+        self._wake = threading.Condition()
+        self._wakeups = 0
+        self._delegate: Any = None
+        if is_async(handler):
+            from pglockkit.aio import Worker as AsyncWorker
+
+            self._delegate = AsyncWorker(
+                dsn,
+                queue,
+                handler,
+                name=self.name,
+                concurrency=concurrency,
+                batch=batch,
+                group=group,
+                group_time=group_time,
+                lease=lease,
+                poll_interval=poll_interval,
+                reconnect_cap=reconnect_cap,
+            )
+
+    @property
+    def processed(self) -> int:
+        """Jobs whose outcome (done or a failed attempt) has committed."""
+        return self._delegate.processed if self._delegate else self._budget.processed
+
+    def stop(self) -> None:
+        """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
+        Safe from any thread and from a signal handler."""
+        if self._delegate:
+            self._delegate.stop()
+        self._stopping.set()
+        self._notify()
+
+    def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+        """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
+        found the queue without a due job). Returns the number of jobs processed."""
+        if self._delegate:
+            return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
+        restore = self._install_signal_handlers()
+        self._budget = Budget(max_jobs)
+        s = self.settings
+        app = f"pglockkit worker {s.queue}"
+        listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")  # raises at once
+        lanes: list[threading.Thread] = []
+        pool = heartbeat = None
+        try:
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            pool = ConnectionPool(
+                self.dsn,
+                min_size=s.concurrency,
+                max_size=s.concurrency,
+                kwargs=connect_params(app, {"autocommit": True}),
+                open=False,
+                name=app,
+            )
+            pool.open()
+            heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
+            for i in range(s.concurrency):
+                lanes.append(
+                    threading.Thread(
+                        target=self._lane, args=(pool, exit_when_idle), name=f"pglockkit-lane-{i}"
+                    )
+                )
+                lanes[-1].start()
+            listener = self._listen(listener, lanes)
+        finally:
+            self._stopping.set()
+            self._notify()
+            for t in lanes:
+                t.join()
+            if heartbeat is not None:
+                heartbeat.close()
+            if pool is not None:
+                pool.close()
+            listener.close()
+            restore()
+        return self.processed
+
+    # --- lanes ----------------------------------------------------------------------------
+
+    def _lane(self, pool: ConnectionPool, exit_when_idle: bool) -> None:
+        lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
+        failures = 0
+        try:
+            while True:
+                seen = self._wakeups
+                try:
+                    with pool.connection() as conn:
+                        why = self._drive(lane, conn)
+                    failures = 0
+                except (psycopg.OperationalError, PoolTimeout) as exc:
+                    failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
+                    continue
+                except Exception as exc:  # a statement of the lane failed: its group rolled back
+                    failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
+                    continue
+                if why != IDLE or exit_when_idle or self._stopping.is_set():
+                    return
+                self._wait_for_work(seen)
+        finally:
+            lane.forget()
+
+    def _pause(self, failures: int, what: str) -> int:
+        pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
+        self.reconnects += 1
+        log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+        self._stopping.wait(pause)
+        return failures + 1
+
+    def _drive(self, lane: Lane, conn: psycopg.Connection) -> str:
+        """Run ``lane.drain`` on ``conn`` until it returns why it stopped."""
+        while True:
+            gen = lane.drain()
+            reply: Any = None
+            try:
+                while True:
+                    request = gen.send(reply)
+                    if isinstance(request, Handle):
+                        reply = self._handle(conn, request.job)
+                    else:
+                        reply = _calls.run_pipeline(conn, request.calls)
+            except StopIteration as end:
+                return end.value
+            except HandlerEndedTransaction as exc:
+                self._handler_ended_transaction(lane, conn, exc.args[0])
+            except BaseException:
+                lane.abandon_group()
+                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                    _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
+                raise
+            finally:
+                gen.close()
+
+    def _handle(self, conn: psycopg.Connection, job: Job) -> str | None:
+        exactly_once = self.settings.exactly_once
+        try:
+            if exactly_once:
+                self.handler(job, conn)
+            else:
+                self.handler(job)
+        except Exception as exc:
+            if exactly_once and (conn.closed or conn.broken):
+                raise  # the connection is gone, and the group with it: the leases hand the jobs back
+            return error_text(exc)
+        if exactly_once:
+            status = conn.info.transaction_status
+            if status == TransactionStatus.IDLE:
+                raise HandlerEndedTransaction(job)
+            if status == TransactionStatus.INERROR:
+                return (
+                    "the handler returned with its transaction aborted by an error it caught; "
+                    "wrap statements that may fail in `with conn.transaction():`"
+                )
+        return None
+
+    def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
+        """The handler ran COMMIT or ROLLBACK on the worker's transaction: what else of the group
+        committed is unknown, so the group is given up (its jobs are completed or go back by
+        their lease) and this job is recorded as failed."""
+        lane.abandon_group()
+        self._watch.remove([job])
+        message = (
+            "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave "
+            "it open: its writes commit with the job's completion"
+        )
+        log.error("job %s: %s", job.id, message)
+        _calls.run(conn, _calls.fail(job, message, None))
+        self._budget.spend(1)
+
+    # --- waking ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wakeups += 1
+            self._wake.notify_all()
+
+    def _wait_for_work(self, seen: int) -> None:
+        with self._wake:
+            self._wake.wait_for(
+                lambda: self._wakeups != seen or self._stopping.is_set(), timeout=self.settings.poll_interval
+            )
+
+    def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
+        """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""
+        failures = 0
+        while any(t.is_alive() for t in lanes):
+            try:
+                if listener.closed:
+                    listener = connect(
+                        self.dsn, autocommit=True, application_name=f"pglockkit worker {self.queue} listen"
+                    )
+                    listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    failures = 0
+                for _ in listener.notifies(timeout=0.25, stop_after=1):
+                    self._notify()
+            except psycopg.OperationalError as exc:
+                listener.close()
+                failures = self._pause(failures, f"listen connection lost ({first_line(exc)}); reconnecting")
+        return listener
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, lambda *_: self.stop())
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
