@@ -8,16 +8,19 @@ sync and async drivers perform that I/O and send the result back, so both worker
 definition of group commit.
 
 Group commit, exactly once (``handler(job, conn)``)
-    Jobs that run one after another on a lane share one transaction: ``SAVEPOINT`` before each
-    job; after it, ``complete_job`` (or, if the handler raised, ``ROLLBACK TO SAVEPOINT`` and
-    ``fail_job``) pipelined with the next job's savepoint and, when the lane has no job left in
-    hand, the next claim; one ``COMMIT`` per group. ``complete_job`` locks the job's row until
-    the group commits, so no other worker can reclaim or cancel the job meanwhile; a completion
-    that finds its claim stale (reclaimed after its lease expired, cancelled) rolls back to the
-    job's savepoint, so its writes are not committed. A crash or a lost connection before the
-    commit loses the group's writes and completions together: its jobs run again after their
-    lease. A group ends after ``group`` jobs or, at the next job boundary, ``group_time``
-    seconds after it began, or when the lane has no job left.
+    Jobs that run one after another on a lane share one transaction. It begins by locking the
+    jobs in hand: the claim that takes them locks their rows, and jobs claimed before are locked
+    (and their leases renewed) by ``extend_jobs``. A locked row cannot be reclaimed, cancelled or
+    completed by another session until the group ends, so no completion of the group can find its
+    claim stale. Each job gets a savepoint, made just before the handler's first statement (a
+    handler that does not use its connection costs no round trip); a handler that raises rolls
+    back to it, so its writes are undone and the group's other jobs are not. At the end, one
+    round trip: ``complete_jobs`` for the group, ``fail_job`` for each failure and ``COMMIT``.
+    A lane whose hand runs out before the group's end claims more into the same transaction
+    (under a savepoint of its own, so a failed claim is undone alone). A crash or
+    a lost connection before the commit loses the group's writes and completions together: its
+    jobs run again after their lease. A group ends after ``group`` jobs or, at the next job
+    boundary, ``group_time`` seconds after it began, or when the queue has no job for the lane.
 
 At least once (``handler(job)``, no connection)
     The handler runs outside any transaction; its completions (and failures) are buffered and
@@ -33,10 +36,13 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+import psycopg
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
@@ -56,9 +62,11 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class Handle:
-    """Run the handler on ``job``; the reply is None, or the failure's text."""
+    """Run the handler on ``job``; the reply is an ``Outcome``. With ``savepoint``, the
+    connection makes it before the handler's first statement."""
 
     job: Job
+    savepoint: Call[None] | None
 
 
 class HandlerEndedTransaction(Exception):
@@ -79,6 +87,12 @@ def is_async(handler: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
     )
+
+
+ABORTED_BY_HANDLER = (
+    "the handler returned with its transaction aborted by an error it caught; wrap statements "
+    "that may fail in `with conn.transaction():`"
+)
 
 
 def error_text(exc: BaseException) -> str:
@@ -197,7 +211,133 @@ class Watch:
             return list(self._jobs.values())
 
 
+# --- a lane's connection: the running job's savepoint, made when the handler first needs it ----
+
+
+class LaneConnection(psycopg.Connection):
+    """A lane's connection. Before the handler's first statement (any cursor, ``transaction()``
+    or ``pipeline()``), it creates the running job's savepoint, so that a handler that does not
+    use its connection costs no round trip, and one that does can be rolled back alone."""
+
+    pending_savepoint: Call[None] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = _LaneCursor
+        self.server_cursor_factory = _LaneServerCursor
+
+    def savepoint_now(self) -> None:
+        if self.pending_savepoint is not None:
+            call, self.pending_savepoint = self.pending_savepoint, None
+            with psycopg.Cursor(self) as cur:
+                cur.execute(call.query)
+
+    @contextmanager
+    def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
+        self.savepoint_now()
+        with super().transaction(*args, **kwargs) as tx:
+            yield tx
+
+    @contextmanager
+    def pipeline(self) -> Iterator[psycopg.Pipeline]:
+        self.savepoint_now()
+        with super().pipeline() as p:
+            yield p
+
+
+class _LaneCursor(psycopg.Cursor):
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return super().execute(*args, **kwargs)
+
+    def executemany(self, *args: Any, **kwargs: Any) -> None:
+        self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return super().executemany(*args, **kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        self.connection.savepoint_now()  # type: ignore[attr-defined]
+        yield from super().stream(*args, **kwargs)
+
+    @contextmanager
+    def copy(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Copy]:
+        self.connection.savepoint_now()  # type: ignore[attr-defined]
+        with super().copy(*args, **kwargs) as copy:
+            yield copy
+
+
+class _LaneServerCursor(psycopg.ServerCursor):
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return super().execute(*args, **kwargs)
+
+
+class AsyncLaneConnection(psycopg.AsyncConnection):
+    """``LaneConnection`` for ``pglockkit.aio.Worker``."""
+
+    pending_savepoint: Call[None] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = _AsyncLaneCursor
+        self.server_cursor_factory = _AsyncLaneServerCursor
+
+    async def savepoint_now(self) -> None:
+        if self.pending_savepoint is not None:
+            call, self.pending_savepoint = self.pending_savepoint, None
+            async with psycopg.AsyncCursor(self) as cur:
+                await cur.execute(call.query)
+
+    @asynccontextmanager
+    async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
+        await self.savepoint_now()
+        async with super().transaction(*args, **kwargs) as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def pipeline(self) -> AsyncIterator[psycopg.AsyncPipeline]:
+        await self.savepoint_now()
+        async with super().pipeline() as p:
+            yield p
+
+
+class _AsyncLaneCursor(psycopg.AsyncCursor):
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        await self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return await super().execute(*args, **kwargs)
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> None:
+        await self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return await super().executemany(*args, **kwargs)
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await self.connection.savepoint_now()  # type: ignore[attr-defined]
+        async for row in super().stream(*args, **kwargs):
+            yield row
+
+    @asynccontextmanager
+    async def copy(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncCopy]:
+        await self.connection.savepoint_now()  # type: ignore[attr-defined]
+        async with super().copy(*args, **kwargs) as copy:
+            yield copy
+
+
+class _AsyncLaneServerCursor(psycopg.AsyncServerCursor):
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        await self.connection.savepoint_now()  # type: ignore[attr-defined]
+        return await super().execute(*args, **kwargs)
+
+
+# --- the lane ---------------------------------------------------------------------------------
+
 IDLE, STOPPED, SPENT = "idle", "stopped", "spent"
+
+
+@dataclass
+class Outcome:
+    """What a driver reports after running the handler on a job."""
+
+    failure: str | None = None  # the error's text, or None: the handler returned
+    used_savepoint: bool = False  # the job's savepoint was made: a failure must roll back to it
 
 
 class Lane:
@@ -208,10 +348,9 @@ class Lane:
         self.watch = watch
         self.budget = budget
         self.stopping = stopping
-        self.hand: deque[Job] = deque()  # claimed by committed transactions: ours
+        self.hand: deque[Job] = deque()  # ours: claimed by committed transactions or the open group
         self.tentative: list[Job] = []  # claimed in the open group: ours once it commits
         self.job_seconds = 0.0  # a moving average of this lane's handler time
-        self.in_group = False
 
     # --- claims ---------------------------------------------------------------------------
 
@@ -228,29 +367,29 @@ class Lane:
     def _claim(self, n: int) -> Call[list[Job]]:
         return _calls.claim(self.s.queue, self.s.name, self.s.lease, n)
 
-    def _claimed(self, jobs: list[Job], asked: int, *, tentative: bool) -> None:
+    def _took(self, jobs: list[Job], asked: int, *, tentative: bool) -> None:
         self.budget.give_back(asked - len(jobs))
         self.hand.extend(jobs)
         if tentative:
             self.tentative.extend(jobs)
         self.watch.add(jobs)
 
-    def abandon_group(self) -> None:
-        """The open group rolled back (or its connection is gone): forget what it claimed."""
-        for job in self.tentative:
+    def _drop(self, jobs: list[Job]) -> None:
+        for job in jobs:
             if job in self.hand:
                 self.hand.remove(job)
-        self.budget.give_back(len(self.tentative))
-        self.watch.remove(self.tentative)
+        self.watch.remove(jobs)
+        self.budget.give_back(len(jobs))
+
+    def abandon_group(self) -> None:
+        """The open group rolled back (or its connection is gone): what it claimed is not ours."""
+        self._drop(self.tentative)
         self.tentative = []
-        self.in_group = False
 
     def forget(self) -> None:
-        """The lane stops with jobs in hand it could not give back: their leases hand them back."""
+        """The lane ends with jobs in hand it could not give back: their leases hand them back."""
         self.abandon_group()
-        self.watch.remove(list(self.hand))
-        self.budget.give_back(len(self.hand))
-        self.hand.clear()
+        self._drop(list(self.hand))
 
     def _timed(self, seconds: float) -> None:
         self.job_seconds = seconds if self.job_seconds == 0 else 0.8 * self.job_seconds + 0.2 * seconds
@@ -258,26 +397,18 @@ class Lane:
     # --- the loop -------------------------------------------------------------------------
 
     def drain(self) -> Generator[Pipeline | Handle, Any, str]:
-        """Claim and run groups until the queue has no job for this lane (IDLE), the worker
-        stops (STOPPED: unstarted jobs are given back) or ``max_jobs`` is reached (SPENT)."""
+        """Run groups until the queue has no job for this lane (IDLE), the worker stops (STOPPED:
+        unstarted jobs are given back) or ``max_jobs`` is reached (SPENT)."""
         while True:
             if self.stopping():
                 yield from self._give_back()
                 return STOPPED
-            if not self.hand:
-                n = self._claim_size()
-                if n == 0:  # stopping, or max_jobs reached or reserved by other lanes
-                    return STOPPED if self.stopping() else SPENT
-                results, error = yield Pipeline([self._claim(n)])
-                if error is not None:
-                    self.budget.give_back(n)
-                    raise error
-                self._claimed(results[0], n, tentative=False)
-                if not self.hand:
-                    return IDLE
-            group = self._group() if self.s.exactly_once else self._buffered_group()
-            if (yield from group) == IDLE:
-                return IDLE
+            if self.s.exactly_once:
+                ended = yield from self._group()
+            else:
+                ended = yield from self._buffered_group()
+            if ended is not None:
+                return ended
 
     def _give_back(self) -> Generator[Pipeline, Any, None]:
         jobs = list(self.hand)
@@ -287,150 +418,171 @@ class Lane:
                 log.warning("could not give back %d unstarted job(s): %s", len(jobs), error)
             else:
                 log.info("stopping: gave back %d unstarted job(s)", len(jobs))
-            self.watch.remove(jobs)
-            self.budget.give_back(len(jobs))
-            self.hand.clear()
+            self._drop(jobs)
 
     def _closing(self, started: float, finished: int) -> bool:
         return finished >= self.s.group or time.monotonic() - started >= self.s.group_time or self.stopping()
 
+    def _open_group(self) -> Generator[Pipeline, Any, str | None]:
+        """BEGIN, and lock the jobs in hand for the group's life: with the claim that takes them,
+        or, for jobs claimed before, with ``extend_jobs`` (which also renews their leases). A job
+        row locked by this transaction cannot be reclaimed, cancelled or completed by another
+        until it ends, so a completion at the group's end cannot be stale."""
+        if self.hand:
+            jobs = list(self.hand)
+            results, error = yield Pipeline(
+                [_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease)]
+            )
+            if error is not None:
+                raise error
+            if results[1] < len(jobs):  # some claims went stale, or a row is busy: find out which
+                results, error = yield Pipeline([_calls.extend(job, self.s.lease) for job in jobs])
+                if error is not None:  # a job is gone (pruned): give up the hand to the leases
+                    self.forget()
+                    raise error
+                lost = [job for job, ok in zip(jobs, results, strict=True) if not ok]
+                for job in lost:
+                    log.warning(
+                        "job %s: claim %s lost before it started (reclaimed or cancelled)", job.id, job.token
+                    )
+                self._drop(lost)
+            return None
+        n = self._claim_size()
+        if n == 0:  # stopping, or max_jobs reached or reserved by other lanes
+            return STOPPED if self.stopping() else SPENT
+        results, error = yield Pipeline([_calls.statement("BEGIN"), self._claim(n)])
+        if error is not None:
+            self.budget.give_back(n)
+            raise error
+        self._took(results[1], n, tentative=True)
+        if not self.hand:
+            _, error = yield Pipeline([_calls.statement("COMMIT")])
+            if error is not None:
+                raise error
+            return IDLE
+        return None
+
     def _group(self) -> Generator[Pipeline | Handle, Any, str | None]:
-        """One group of exactly-once jobs in one transaction; returns IDLE when the claim riding
-        on its last job found the queue empty."""
+        """One group of exactly-once jobs in one transaction. Returns IDLE when the queue had no
+        job for the lane, STOPPED or SPENT, or None to go on."""
+        ended = yield from self._open_group()
+        if ended is not None:
+            return ended
         started = time.monotonic()
-        sp = 1
-        finished = 0
-        _, error = yield Pipeline([_calls.statement("BEGIN"), _calls.savepoint(sp)])
+        done: list[Job] = []
+        failed: list[tuple[Job, str]] = []
+        sp = 0
+        empty = not self.hand
+        while self.hand:
+            job = self.hand.popleft()
+            sp += 1
+            t0 = time.monotonic()
+            outcome: Outcome = yield Handle(job, _calls.savepoint(sp))
+            self._timed(time.monotonic() - t0)
+            if outcome.failure is None:
+                done.append(job)
+            else:
+                failed.append((job, outcome.failure))
+                if outcome.used_savepoint:  # undo its writes now; the transaction may be aborted
+                    _, error = yield Pipeline([_calls.rollback_to(sp)])
+                    if error is not None:
+                        raise error
+            if self._closing(started, len(done) + len(failed)):
+                break
+            if self.hand:
+                continue
+            # Nothing left in hand and time left: claim more into this group.
+            n = self._claim_size()
+            if n == 0:
+                break
+            sp += 1
+            results, error = yield Pipeline([_calls.savepoint(sp), self._claim(n)])
+            if error is not None:  # a failed claim (a deadlock, say) is undone alone
+                self.budget.give_back(n)
+                log.warning("claim failed, retried later: %s", error)
+                _, error = yield Pipeline([_calls.rollback_to(sp)])
+                if error is not None:
+                    raise error
+                break
+            self._took(results[1], n, tentative=True)
+            empty = len(results[1]) < n
+        # Record the group and commit, in one round trip.
+        calls: list[Call[Any]] = []
+        if done:
+            calls.append(_calls.complete_many(done))
+        calls += [_calls.fail(job, failure, None) for job, failure in failed]
+        results, error = yield Pipeline([*calls, _calls.statement("COMMIT")])
         if error is not None:
             raise error
-        self.in_group = True
-        empty = False
-        while True:
-            job = self.hand.popleft()
-            t0 = time.monotonic()
-            failure = yield Handle(job)
-            self._timed(time.monotonic() - t0)
-            finished += 1
-            closing = self._closing(started, finished)
-            claim_n = 0 if self.hand else self._claim_size()
-            outcome_calls = [_calls.rollback_to(sp), _calls.fail(job, failure, None)] if failure else [
-                _calls.complete(job)
-            ]
-            # The claim gets a savepoint of its own, before the next job's: a claim that fails is
-            # undone alone, and the next job's rollback does not undo the claim.
-            claim_sp, next_sp = (sp + 1, sp + 2) if claim_n else (0, sp + 1)
-            calls = [*outcome_calls]
-            if claim_n:
-                calls += [_calls.savepoint(claim_sp), self._claim(claim_n)]
-            calls.append(_calls.savepoint(next_sp))
-            results, error = yield Pipeline(calls)
-            if len(results) < len(outcome_calls):  # the job's own statements failed
-                self.budget.give_back(claim_n)
-                raise error or RuntimeError("pipeline returned no result")
-            outcome = results[len(outcome_calls) - 1]
-            self.watch.remove([job])
-            claimed: list[Job] = []
-            if not failure and outcome is False:
-                log.warning(
-                    "job %s: claim %s is stale (reclaimed or cancelled); its writes were rolled back",
-                    job.id,
-                    job.token,
-                )
-                # Back to the job's savepoint: its writes, and the claim that rode with it, undone.
-                _, error = yield Pipeline([_calls.rollback_to(sp), _calls.savepoint(next_sp)])
-                if error is not None:
-                    raise error
-            elif claim_n and error is not None:  # the claim failed (a deadlock, say): keep the job's outcome
-                log.warning("claim after job %s failed, retried later: %s", job.id, error)
-                _, error = yield Pipeline([_calls.rollback_to(claim_sp), _calls.savepoint(next_sp)])
-                if error is not None:
-                    raise error
-            elif error is not None:
-                raise error
-            elif claim_n:
-                claimed = results[len(outcome_calls) + 1]
-                empty = len(claimed) < claim_n
-            self.budget.give_back(claim_n - len(claimed))
-            self.hand.extend(claimed)
-            self.tentative.extend(claimed)
-            self.watch.add(claimed)
-            self._log_outcome(job, failure, outcome, t0)
-            sp = next_sp
-            if closing or not self.hand:
-                _, error = yield Pipeline([_calls.statement("COMMIT")])
-                if error is not None:
-                    raise error
-                self.in_group = False
-                self.tentative = []
-                self.budget.spend(finished)
-                return IDLE if empty and not self.hand else None
+        self.tentative = []
+        if done and results[0] != len(done):  # cannot happen while the rows are locked: say so
+            log.error("%d of %d completions found their claim stale", len(done) - results[0], len(done))
+        self.watch.remove(done + [job for job, _ in failed])
+        self.budget.spend(len(done) + len(failed))
+        self._log_failures(failed)
+        return IDLE if empty and not self.hand else None
 
     def _buffered_group(self) -> Generator[Pipeline | Handle, Any, str | None]:
         """At-least-once jobs: handlers outside any transaction, their outcomes recorded with the
         next claim in one transaction."""
+        if not self.hand:
+            n = self._claim_size()
+            if n == 0:
+                return STOPPED if self.stopping() else SPENT
+            results, error = yield Pipeline([self._claim(n)])
+            if error is not None:
+                self.budget.give_back(n)
+                raise error
+            self._took(results[0], n, tentative=False)
+            if not self.hand:
+                return IDLE
         started = time.monotonic()
         done: list[Job] = []
         failed: list[tuple[Job, str]] = []
-        while True:
+        while self.hand and not self._closing(started, len(done) + len(failed)):
             job = self.hand.popleft()
             t0 = time.monotonic()
-            failure = yield Handle(job)
+            outcome: Outcome = yield Handle(job, None)
             self._timed(time.monotonic() - t0)
-            if failure:
-                failed.append((job, failure))
-            else:
+            if outcome.failure is None:
                 done.append(job)
-            if not (self._closing(started, len(done) + len(failed)) or not self.hand):
-                continue
-            claim_n = 0 if self.hand else self._claim_size()
-            calls: list[Call[Any]] = [_calls.statement("BEGIN")]
-            if done:
-                calls.append(_calls.complete_many(done))
-            calls += [_calls.fail(j, f, None) for j, f in failed]
-            n_outcomes = len(calls)
-            if claim_n:
-                calls += [_calls.savepoint(1), self._claim(claim_n)]
-            calls.append(_calls.statement("COMMIT"))
-            results, error = yield Pipeline(calls)
-            claimed: list[Job] = []
+            else:
+                failed.append((job, outcome.failure))
+        calls: list[Call[Any]] = [_calls.statement("BEGIN")]
+        if done:
+            calls.append(_calls.complete_many(done))
+        calls += [_calls.fail(job, failure, None) for job, failure in failed]
+        n_outcomes = len(calls)
+        n = 0 if self.hand else self._claim_size()
+        if n:
+            calls += [_calls.savepoint(1), self._claim(n)]
+        calls.append(_calls.statement("COMMIT"))
+        results, error = yield Pipeline(calls)
+        if error is not None:
+            self.budget.give_back(n)
+            if not n or len(results) <= n_outcomes:
+                raise error
+            log.warning("claim failed, retried later: %s", error)
+            _, error = yield Pipeline([_calls.rollback_to(1), _calls.statement("COMMIT")])
             if error is not None:
-                if len(results) < n_outcomes + 1:  # the outcomes themselves failed
-                    self.budget.give_back(claim_n)
-                    raise error
-                log.warning("claim after %d job(s) failed, retried later: %s", len(done) + len(failed), error)
-                _, error = yield Pipeline([_calls.rollback_to(1), _calls.statement("COMMIT")])
-                if error is not None:
-                    raise error
-            elif claim_n:
-                claimed = results[-2]
-            if done and results[1] < len(done):
-                log.warning(
-                    "%d of %d completions were stale (reclaimed or cancelled)",
-                    len(done) - results[1],
-                    len(done),
-                )
-            self.budget.give_back(claim_n - len(claimed))
-            self._claimed(claimed, len(claimed), tentative=False)
-            self.watch.remove(done + [j for j, _ in failed])
-            self.budget.spend(len(done) + len(failed))
-            for j, f in failed:
-                self._log_outcome(j, f, None, started)
-            return IDLE if claim_n and len(claimed) < claim_n and not self.hand else None
+                raise error
+            n = 0
+        if done and results[1] != len(done):
+            log.warning(
+                "%d of %d completions found their claim stale (reclaimed or cancelled)",
+                len(done) - results[1],
+                len(done),
+            )
+        self.watch.remove(done + [job for job, _ in failed])
+        self.budget.spend(len(done) + len(failed))
+        self._log_failures(failed)
+        if n:
+            claimed = results[n_outcomes + 1]
+            self._took(claimed, n, tentative=False)
+            if len(claimed) < n and not self.hand:
+                return IDLE
+        return None
 
-    def _log_outcome(self, job: Job, failure: str | None, outcome: Any, started: float) -> None:
-        if failure:
-            log.info(
-                "job %s failed (attempt %d/%d): %s -> %s",
-                job.id,
-                job.attempt,
-                job.max_attempts,
-                failure,
-                outcome,
-            )
-        elif log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "job %s done in %.1f ms (attempt %d)",
-                job.id,
-                (time.monotonic() - started) * 1000,
-                job.attempt,
-            )
+    def _log_failures(self, failed: list[tuple[Job, str]]) -> None:
+        for job, failure in failed:
+            log.info("job %s failed (attempt %d/%d): %s", job.id, job.attempt, job.max_attempts, failure)

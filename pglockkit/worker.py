@@ -25,12 +25,15 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pglockkit import _calls
 from pglockkit._calls import Job
 from pglockkit._lanes import (
+    ABORTED_BY_HANDLER,
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
     Handle,
     HandlerEndedTransaction,
     Lane,
+    LaneConnection,
+    Outcome,
     Settings,
     Watch,
     error_text,
@@ -48,6 +51,13 @@ BATCH = 10
 GROUP = 32
 GROUP_TIME = 0.02
 LEASE = 60.0
+
+
+def _used_savepoint(conn: LaneConnection, request: Handle) -> bool:
+    """Whether the handler made the job's savepoint (ran a statement); clears it if not."""
+    used = request.savepoint is not None and conn.pending_savepoint is None
+    conn.pending_savepoint = None
+    return used
 
 
 def first_line(exc: BaseException) -> str:
@@ -204,6 +214,7 @@ class Worker:
                 min_size=s.concurrency,
                 max_size=s.concurrency,
                 kwargs=connect_params(app, {"autocommit": True}),
+                connection_class=LaneConnection,
                 open=False,
                 name=app,
             )
@@ -261,7 +272,7 @@ class Worker:
         self._stopping.wait(pause)
         return failures + 1
 
-    def _drive(self, lane: Lane, conn: psycopg.Connection) -> str:
+    def _drive(self, lane: Lane, conn: LaneConnection) -> str:
         """Run ``lane.drain`` on ``conn`` until it returns why it stopped."""
         while True:
             gen = lane.drain()
@@ -270,7 +281,7 @@ class Worker:
                 while True:
                     request = gen.send(reply)
                     if isinstance(request, Handle):
-                        reply = self._handle(conn, request.job)
+                        reply = self._handle(conn, request)
                     else:
                         reply = _calls.run_pipeline(conn, request.calls)
             except StopIteration as end:
@@ -285,8 +296,9 @@ class Worker:
             finally:
                 gen.close()
 
-    def _handle(self, conn: psycopg.Connection, job: Job) -> str | None:
-        exactly_once = self.settings.exactly_once
+    def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
+        job, exactly_once = request.job, self.settings.exactly_once
+        conn.pending_savepoint = request.savepoint
         try:
             if exactly_once:
                 self.handler(job, conn)
@@ -295,17 +307,15 @@ class Worker:
         except Exception as exc:
             if exactly_once and (conn.closed or conn.broken):
                 raise  # the connection is gone, and the group with it: the leases hand the jobs back
-            return error_text(exc)
+            return Outcome(error_text(exc), _used_savepoint(conn, request))
+        used = _used_savepoint(conn, request)
         if exactly_once:
             status = conn.info.transaction_status
             if status == TransactionStatus.IDLE:
                 raise HandlerEndedTransaction(job)
             if status == TransactionStatus.INERROR:
-                return (
-                    "the handler returned with its transaction aborted by an error it caught; "
-                    "wrap statements that may fail in `with conn.transaction():`"
-                )
-        return None
+                return Outcome(ABORTED_BY_HANDLER, used)
+        return Outcome(None, used)
 
     def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
         """The handler ran COMMIT or ROLLBACK on the worker's transaction: what else of the group
