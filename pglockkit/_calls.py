@@ -98,7 +98,8 @@ def run_pipeline(conn: psycopg.Connection, calls: Sequence[Call[Any]]) -> tuple[
         raise
     except Exception as exc:
         error = exc
-    return _pipeline_results(calls, cursors, started), error
+    rows = [cur.fetchall() if cur.description is not None else [] for cur in _ran(cursors)]
+    return [_finish(call, r, started) for call, r in zip(calls, rows, strict=False)], error
 
 
 async def arun_pipeline(
@@ -117,16 +118,18 @@ async def arun_pipeline(
         raise
     except Exception as exc:
         error = exc
-    return _pipeline_results(calls, cursors, started), error
+    rows = [await cur.fetchall() if cur.description is not None else [] for cur in _ran(cursors)]
+    return [_finish(call, r, started) for call, r in zip(calls, rows, strict=False)], error
 
 
-def _pipeline_results(calls: Sequence[Call[Any]], cursors: Sequence[Any], started: float) -> list[Any]:
-    results = []
-    for call, cur in zip(calls, cursors, strict=False):
-        if cur.pgresult is None:  # this one failed, or was skipped after a failure
+def _ran(cursors: Sequence[Any]) -> list[Any]:
+    """The cursors of a pipeline up to the first that failed or was skipped after a failure."""
+    ran = []
+    for cur in cursors:
+        if cur.pgresult is None:
             break
-        results.append(_finish(call, cur.fetchall() if cur.description is not None else [], started))
-    return results
+        ran.append(cur)
+    return ran
 
 
 def _finish(call: Call[T], rows: Rows, started: float) -> T:

@@ -43,6 +43,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
@@ -97,6 +98,31 @@ ABORTED_BY_HANDLER = (
 
 def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | None = None) -> Outcome:
+    """What a handler's run on a lane's connection (sync or async) comes to; ``exc`` is what it
+    raised. Re-raises when the connection is gone (the group is lost with it), and raises
+    ``HandlerEndedTransaction`` when the handler committed or rolled back the group."""
+    used = request.savepoint is not None and conn.pending_savepoint is None
+    conn.pending_savepoint = None
+    if exc is not None:
+        if exactly_once and (conn.closed or conn.broken):
+            raise exc
+        return Outcome(error_text(exc), used)
+    if exactly_once:
+        status = conn.info.transaction_status
+        if status == TransactionStatus.IDLE:
+            raise HandlerEndedTransaction(request.job)
+        if status == TransactionStatus.INERROR:
+            return Outcome(ABORTED_BY_HANDLER, used)
+    return Outcome(None, used)
+
+
+HANDLER_ENDED_TRANSACTION = (
+    "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave it open: "
+    "its writes commit with the job's completion"
+)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from pglockkit import _calls
+from pglockkit._aio_worker import Worker
 from pglockkit._calls import Job, Timeout
 from pglockkit.connection import connect_params
 from pglockkit.errors import RetryableError
@@ -40,6 +41,7 @@ T = TypeVar("T")
 __all__ = [
     "Job",
     "Lease",
+    "Worker",
     "acquire_lease",
     "cancel",
     "check_fence",

@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pglockkit import _calls
 from pglockkit._calls import Job
 from pglockkit._lanes import (
-    ABORTED_BY_HANDLER,
+    HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
@@ -36,8 +36,8 @@ from pglockkit._lanes import (
     Outcome,
     Settings,
     Watch,
-    error_text,
     is_async,
+    outcome,
     takes_connection,
 )
 from pglockkit.connection import connect, connect_params
@@ -51,13 +51,6 @@ BATCH = 10
 GROUP = 32
 GROUP_TIME = 0.02
 LEASE = 60.0
-
-
-def _used_savepoint(conn: LaneConnection, request: Handle) -> bool:
-    """Whether the handler made the job's savepoint (ran a statement); clears it if not."""
-    used = request.savepoint is not None and conn.pending_savepoint is None
-    conn.pending_savepoint = None
-    return used
 
 
 def first_line(exc: BaseException) -> str:
@@ -297,25 +290,15 @@ class Worker:
                 gen.close()
 
     def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
-        job, exactly_once = request.job, self.settings.exactly_once
         conn.pending_savepoint = request.savepoint
         try:
-            if exactly_once:
-                self.handler(job, conn)
+            if self.settings.exactly_once:
+                self.handler(request.job, conn)
             else:
-                self.handler(job)
+                self.handler(request.job)
         except Exception as exc:
-            if exactly_once and (conn.closed or conn.broken):
-                raise  # the connection is gone, and the group with it: the leases hand the jobs back
-            return Outcome(error_text(exc), _used_savepoint(conn, request))
-        used = _used_savepoint(conn, request)
-        if exactly_once:
-            status = conn.info.transaction_status
-            if status == TransactionStatus.IDLE:
-                raise HandlerEndedTransaction(job)
-            if status == TransactionStatus.INERROR:
-                return Outcome(ABORTED_BY_HANDLER, used)
-        return Outcome(None, used)
+            return outcome(conn, request, self.settings.exactly_once, exc)
+        return outcome(conn, request, self.settings.exactly_once)
 
     def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
         """The handler ran COMMIT or ROLLBACK on the worker's transaction: what else of the group
@@ -323,12 +306,8 @@ class Worker:
         their lease) and this job is recorded as failed."""
         lane.abandon_group()
         self._watch.remove([job])
-        message = (
-            "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave "
-            "it open: its writes commit with the job's completion"
-        )
-        log.error("job %s: %s", job.id, message)
-        _calls.run(conn, _calls.fail(job, message, None))
+        log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
+        _calls.run(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
         self._budget.spend(1)
 
     # --- waking ---------------------------------------------------------------------------

@@ -1,0 +1,304 @@
+"""``pglockkit.aio.Worker``: ``pglockkit.Worker`` for ``async def`` handlers, on an asyncio loop.
+
+The same lanes (``pglockkit._lanes``), run as asyncio tasks on connections from a
+``psycopg_pool.AsyncConnectionPool`` of ``concurrency``; one LISTEN connection and one heartbeat
+task and connection per worker: ``concurrency + 2`` connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pglockkit import _calls
+from pglockkit._calls import Job
+from pglockkit._lanes import (
+    HANDLER_ENDED_TRANSACTION,
+    IDLE,
+    NOTIFY_CHANNEL,
+    AsyncLaneConnection,
+    Budget,
+    Handle,
+    HandlerEndedTransaction,
+    Lane,
+    Outcome,
+    Settings,
+    Watch,
+    is_async,
+    outcome,
+    takes_connection,
+)
+from pglockkit.connection import connect_params
+from pglockkit.leases import default_holder
+from pglockkit.retry import backoff
+from pglockkit.worker import BATCH, GROUP, GROUP_TIME, LEASE, first_line
+
+log = logging.getLogger("pglockkit.queue")
+
+
+class Worker:
+    """``pglockkit.Worker`` for ``async def`` handlers, awaited on the running loop.
+
+    ``await handler(job, conn)`` runs in the job's transaction on an ``AsyncConnection`` and
+    commits with the job's completion (exactly once, group commit); ``await handler(job)`` runs
+    outside any transaction, its completions recorded in batches (at least once). Up to
+    ``concurrency`` handlers are awaited at once. ``stop()`` may be called from any thread;
+    SIGTERM/SIGINT stop it when the loop runs in the main thread.
+
+    >>> async def send(job, conn):  # doctest: +SKIP
+    ...     await conn.execute("INSERT INTO sent (job_id) VALUES (%s)", (job.id,))
+    >>> await pglockkit.aio.Worker(dsn, "emails", send, concurrency=16).run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        queue: str,
+        handler: Callable[..., Awaitable[Any]],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        batch: int = BATCH,
+        group: int = GROUP,
+        group_time: float = GROUP_TIME,
+        lease: float | timedelta = LEASE,
+        poll_interval: float = 1.0,
+        reconnect_cap: float = 10.0,
+    ):
+        if not is_async(handler):
+            raise TypeError(
+                f"pglockkit.aio.Worker awaits `async def` handlers; {handler!r} is not one: "
+                "run it with pglockkit.Worker (threads)"
+            )
+        self.dsn = dsn
+        self.handler = handler
+        self.settings = Settings.checked(
+            queue,
+            name or default_holder(),
+            concurrency=concurrency,
+            batch=batch,
+            group=group,
+            group_time=group_time,
+            lease=lease,
+            poll_interval=poll_interval,
+            reconnect_cap=reconnect_cap,
+            exactly_once=takes_connection(handler),
+        )
+        self.queue, self.name = queue, self.settings.name
+        self.reconnects = 0
+        self._budget = Budget(None)
+        self._watch = Watch()
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kick = asyncio.Event()
+        self._stopped = asyncio.Event()
+
+    @property
+    def processed(self) -> int:
+        """Jobs whose outcome (done or a failed attempt) has committed."""
+        return self._budget.processed
+
+    def stop(self) -> None:
+        """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
+        Safe from any thread."""
+        self._stopping.set()
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to wake
+                self._loop.call_soon_threadsafe(self._notify)
+
+    async def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+        """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
+        found the queue without a due job). Returns the number of jobs processed."""
+        self._loop = asyncio.get_running_loop()
+        self._kick = asyncio.Event()
+        self._stopped = asyncio.Event()
+        if self._stopping.is_set():
+            self._stopped.set()
+        self._budget = Budget(max_jobs)
+        s = self.settings
+        app = f"pglockkit worker {s.queue}"
+        listener = await self._connect(f"{app} listen")  # a wrong DSN raises here, at once
+        pool: AsyncConnectionPool | None = None
+        tasks: list[asyncio.Task[Any]] = []
+        lanes: list[asyncio.Task[None]] = []
+        restore = self._install_signal_handlers()
+        try:
+            await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            pool = AsyncConnectionPool(
+                self.dsn,
+                min_size=s.concurrency,
+                max_size=s.concurrency,
+                kwargs=connect_params(app, {"autocommit": True}),
+                connection_class=AsyncLaneConnection,
+                open=False,
+                name=app,
+            )
+            await pool.open()
+            heartbeat = await self._connect(f"{app} heartbeat")
+            tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
+            tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
+            lanes = [asyncio.create_task(self._lane(pool, exit_when_idle)) for _ in range(s.concurrency)]
+            await asyncio.gather(*lanes)
+        finally:
+            self._stopping.set()
+            self._notify()
+            if lanes:
+                await asyncio.gather(*lanes, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if pool is not None:
+                await pool.close()
+            await listener.close()
+            restore()
+        return self.processed
+
+    async def _connect(self, application_name: str) -> psycopg.AsyncConnection:
+        return await psycopg.AsyncConnection.connect(
+            self.dsn, **connect_params(application_name, {"autocommit": True})
+        )
+
+    # --- lanes ----------------------------------------------------------------------------
+
+    async def _lane(self, pool: AsyncConnectionPool, exit_when_idle: bool) -> None:
+        lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
+        failures = 0
+        try:
+            while True:
+                kick = self._kick
+                try:
+                    async with pool.connection() as conn:
+                        why = await self._drive(lane, conn)  # type: ignore[arg-type]
+                    failures = 0
+                except (psycopg.OperationalError, PoolTimeout) as exc:
+                    failures = await self._pause(
+                        failures, f"connection lost ({first_line(exc)}); reconnecting"
+                    )
+                    continue
+                except Exception as exc:  # a statement of the lane failed: its group rolled back
+                    failures = await self._pause(
+                        failures, f"lane error, group rolled back ({first_line(exc)})"
+                    )
+                    continue
+                if why != IDLE or exit_when_idle or self._stopping.is_set():
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(kick.wait(), self.settings.poll_interval)
+        finally:
+            lane.forget()
+
+    async def _pause(self, failures: int, what: str) -> int:
+        pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
+        self.reconnects += 1
+        log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), pause)
+        return failures + 1
+
+    async def _drive(self, lane: Lane, conn: AsyncLaneConnection) -> str:
+        """Run ``lane.drain`` on ``conn`` until it returns why it stopped."""
+        while True:
+            gen = lane.drain()
+            reply: Any = None
+            try:
+                while True:
+                    request = gen.send(reply)
+                    if isinstance(request, Handle):
+                        reply = await self._handle(conn, request)
+                    else:
+                        reply = await _calls.arun_pipeline(conn, request.calls)
+            except StopIteration as end:
+                return end.value
+            except HandlerEndedTransaction as exc:
+                job: Job = exc.args[0]
+                lane.abandon_group()
+                self._watch.remove([job])
+                log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
+                await _calls.arun(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
+                self._budget.spend(1)
+            except BaseException:
+                lane.abandon_group()
+                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                    await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+                raise
+            finally:
+                gen.close()
+
+    async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
+        conn.pending_savepoint = request.savepoint
+        try:
+            if self.settings.exactly_once:
+                await self.handler(request.job, conn)
+            else:
+                await self.handler(request.job)
+        except Exception as exc:
+            return outcome(conn, request, self.settings.exactly_once, exc)
+        return outcome(conn, request, self.settings.exactly_once)
+
+    # --- heartbeat and wake-ups -----------------------------------------------------------
+
+    async def _heartbeat(self, conn: psycopg.AsyncConnection, application_name: str) -> None:
+        """Extends every job in hand, every ``lease / 3``, with one statement; never dies."""
+        try:
+            while True:
+                await asyncio.sleep(self.settings.lease.total_seconds() / 3)
+                jobs = self._watch.jobs()
+                if not jobs:
+                    continue
+                try:
+                    if conn.closed:
+                        conn = await self._connect(application_name)
+                    await _calls.arun(conn, _calls.extend_many(jobs, self.settings.lease))
+                except Exception as exc:  # anything another session did must not end the heartbeat
+                    log.warning("heartbeat failed for %d job(s): %s", len(jobs), first_line(exc))
+        finally:
+            await conn.close()
+
+    def _notify(self) -> None:
+        if self._stopping.is_set():
+            self._stopped.set()
+        self._kick.set()
+        self._kick = asyncio.Event()
+
+    async def _listen(self, listener: psycopg.AsyncConnection, application_name: str) -> None:
+        failures = 0
+        try:
+            while True:
+                try:
+                    if listener.closed:
+                        listener = await self._connect(application_name)
+                        await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                        failures = 0
+                    async for _ in listener.notifies(timeout=1.0, stop_after=1):
+                        self._notify()
+                except psycopg.OperationalError as exc:
+                    await listener.close()
+                    failures = await self._pause(
+                        failures, f"listen connection lost ({first_line(exc)}); reconnecting"
+                    )
+        finally:
+            await listener.close()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread() or self._loop is None:
+            return lambda: None
+        loop = self._loop
+        sigs = (signal.SIGTERM, signal.SIGINT)
+        for sig in sigs:
+            loop.add_signal_handler(sig, self.stop)
+
+        def restore() -> None:
+            for sig in sigs:
+                loop.remove_signal_handler(sig)
+
+        return restore
