@@ -221,6 +221,7 @@ class Worker:
                 return end.value
             except HandlerEndedTransaction as exc:
                 job: Job = exc.args[0]
+                lane.running.remove(job)
                 lane.abandon_group()
                 self._watch.remove([job])
                 log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)

@@ -9,18 +9,18 @@ definition of group commit.
 
 Group commit, exactly once (``handler(job, conn)``)
     Jobs that run one after another on a lane share one transaction. It begins by locking the
-    jobs in hand: the claim that takes them locks their rows, and jobs claimed before are locked
-    (and their leases renewed) by ``extend_jobs``. A locked row cannot be reclaimed, cancelled or
-    completed by another session until the group ends, so no completion of the group can find its
-    claim stale. Each job gets a savepoint, made just before the handler's first statement (a
-    handler that does not use its connection costs no round trip); a handler that raises rolls
-    back to it, so its writes are undone and the group's other jobs are not. At the end, one
-    round trip: ``complete_jobs`` for the group, ``fail_job`` for each failure and ``COMMIT``.
-    A lane whose hand runs out before the group's end claims more into the same transaction
-    (under a savepoint of its own, so a failed claim is undone alone). A crash or
-    a lost connection before the commit loses the group's writes and completions together: its
-    jobs run again after their lease. A group ends after ``group`` jobs or, at the next job
-    boundary, ``group_time`` seconds after it began, or when the queue has no job for the lane.
+    jobs in hand with ``extend_jobs`` (which also renews their leases): a locked row cannot be
+    reclaimed, cancelled or completed by another session until the group ends, so no completion
+    of the group can find its claim stale, and a claim that went stale before is found here and
+    dropped. Each job gets a savepoint, made just before the handler's first statement (a handler
+    that does not use its connection costs no round trip); a handler that raises rolls back to
+    it, so its writes are undone and the group's other jobs are not. At the end, one round trip:
+    ``complete_jobs`` for the group, ``fail_job`` for each failure, the next claim when the hand
+    is empty, and ``COMMIT``. No claim runs while handlers do: a claim locks its keys' running
+    counts until its transaction ends, and other claimers of those keys would wait. A
+    crash or a lost connection before the commit loses the group's writes and completions
+    together: its jobs run again after their lease. A group is the jobs in hand, ended early
+    after ``group`` jobs or, at the next job boundary, ``group_time`` seconds after it began.
 
 At least once (``handler(job)``, no connection)
     The handler runs outside any transaction; its completions (and failures) are buffered and
@@ -375,29 +375,28 @@ class Lane:
         self.budget = budget
         self.stopping = stopping
         self.hand: deque[Job] = deque()  # ours: claimed by committed transactions or the open group
-        self.tentative: list[Job] = []  # claimed in the open group: ours once it commits
+        self.running: list[Job] = []  # taken from the hand by the open group, not yet recorded
         self.job_seconds = 0.0  # a moving average of this lane's handler time
 
     # --- claims ---------------------------------------------------------------------------
 
     def _claim_size(self) -> int:
-        """At most ``batch``, and no more than the lane expects to finish in one group time, so
-        jobs do not wait in one lane's hand while other lanes and workers could run them."""
+        """At most ``batch``, and no more than the lane expects to finish in one group time (one
+        until it has timed a job), so jobs do not wait in one lane's hand while other lanes and
+        workers could run them."""
         if self.stopping():
             return 0
-        n = self.s.batch
+        n = 1
         if self.job_seconds > 0:
-            n = min(n, max(1, int(max(self.s.group_time, 0.001) / self.job_seconds)))
+            n = min(self.s.batch, max(1, int(max(self.s.group_time, 0.001) / self.job_seconds)))
         return self.budget.take(n)
 
     def _claim(self, n: int) -> Call[list[Job]]:
         return _calls.claim(self.s.queue, self.s.name, self.s.lease, n)
 
-    def _took(self, jobs: list[Job], asked: int, *, tentative: bool) -> None:
+    def _took(self, jobs: list[Job], asked: int) -> None:
         self.budget.give_back(asked - len(jobs))
         self.hand.extend(jobs)
-        if tentative:
-            self.tentative.extend(jobs)
         self.watch.add(jobs)
 
     def _drop(self, jobs: list[Job]) -> None:
@@ -408,9 +407,11 @@ class Lane:
         self.budget.give_back(len(jobs))
 
     def abandon_group(self) -> None:
-        """The open group rolled back (or its connection is gone): what it claimed is not ours."""
-        self._drop(self.tentative)
-        self.tentative = []
+        """The open group rolled back (or its connection is gone): its jobs are no longer ours to
+        finish. The heartbeat stops extending them, so their leases hand them back."""
+        self.watch.remove(self.running)
+        self.budget.give_back(len(self.running))
+        self.running = []
 
     def forget(self) -> None:
         """The lane ends with jobs in hand it could not give back: their leases hand them back."""
@@ -449,124 +450,76 @@ class Lane:
     def _closing(self, started: float, finished: int) -> bool:
         return finished >= self.s.group or time.monotonic() - started >= self.s.group_time or self.stopping()
 
-    def _open_group(self) -> Generator[Pipeline, Any, str | None]:
-        """BEGIN, and lock the jobs in hand for the group's life: with the claim that takes them,
-        or, for jobs claimed before, with ``extend_jobs`` (which also renews their leases). A job
-        row locked by this transaction cannot be reclaimed, cancelled or completed by another
-        until it ends, so a completion at the group's end cannot be stale."""
-        if self.hand:
-            jobs = list(self.hand)
-            results, error = yield Pipeline(
-                [_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease)]
-            )
-            if error is not None:
-                raise error
-            if results[1] < len(jobs):  # some claims went stale, or a row is busy: find out which
-                results, error = yield Pipeline([_calls.extend(job, self.s.lease) for job in jobs])
-                if error is not None:  # a job is gone (pruned): give up the hand to the leases
-                    self.forget()
-                    raise error
-                lost = [job for job, ok in zip(jobs, results, strict=True) if not ok]
-                for job in lost:
-                    log.warning(
-                        "job %s: claim %s lost before it started (reclaimed or cancelled)", job.id, job.token
-                    )
-                self._drop(lost)
-            return None
+    def _claim_alone(self) -> Generator[Pipeline, Any, str | None]:
+        """Claim into an empty hand, in a transaction of its own."""
         n = self._claim_size()
         if n == 0:  # stopping, or max_jobs reached or reserved by other lanes
             return STOPPED if self.stopping() else SPENT
-        results, error = yield Pipeline([_calls.statement("BEGIN"), self._claim(n)])
+        results, error = yield Pipeline([self._claim(n)])
         if error is not None:
             self.budget.give_back(n)
             raise error
-        self._took(results[1], n, tentative=True)
-        if not self.hand:
-            _, error = yield Pipeline([_calls.statement("COMMIT")])
-            if error is not None:
-                raise error
-            return IDLE
-        return None
+        self._took(results[0], n)
+        return None if self.hand else IDLE
 
     def _group(self) -> Generator[Pipeline | Handle, Any, str | None]:
         """One group of exactly-once jobs in one transaction. Returns IDLE when the queue had no
         job for the lane, STOPPED or SPENT, or None to go on."""
-        ended = yield from self._open_group()
-        if ended is not None:
-            return ended
+        if not self.hand:
+            ended = yield from self._claim_alone()
+            if ended is not None:
+                return ended
+        # Lock the jobs in hand for the group's life (and renew their leases). A claim does not
+        # run inside the group: its per-key counts would stay locked, and other claimers wait.
+        jobs = list(self.hand)
+        results, error = yield Pipeline([_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease)])
+        if error is not None:
+            raise error
+        if results[1] < len(jobs):  # a claim went stale since it was taken, or a row is busy
+            results, error = yield Pipeline([_calls.extend(job, self.s.lease) for job in jobs])
+            if error is not None:  # a job is gone (pruned): leave the hand to the leases
+                self.forget()
+                raise error
+            lost = [job for job, ok in zip(jobs, results, strict=True) if not ok]
+            for job in lost:
+                log.warning(
+                    "job %s: claim %s lost before it started (reclaimed or cancelled)", job.id, job.token
+                )
+            self._drop(lost)
         started = time.monotonic()
         done: list[Job] = []
         failed: list[tuple[Job, str]] = []
         sp = 0
-        empty = not self.hand
-        while self.hand:
+        while self.hand and not self._closing(started, len(done) + len(failed)):
             job = self.hand.popleft()
+            self.running.append(job)
             sp += 1
             t0 = time.monotonic()
             outcome: Outcome = yield Handle(job, _calls.savepoint(sp))
             self._timed(time.monotonic() - t0)
             if outcome.failure is None:
                 done.append(job)
-            else:
-                failed.append((job, outcome.failure))
-                if outcome.used_savepoint:  # undo its writes now; the transaction may be aborted
-                    _, error = yield Pipeline([_calls.rollback_to(sp)])
-                    if error is not None:
-                        raise error
-            if self._closing(started, len(done) + len(failed)):
-                break
-            if self.hand:
                 continue
-            # Nothing left in hand and time left: claim more into this group.
-            n = self._claim_size()
-            if n == 0:
-                break
-            sp += 1
-            results, error = yield Pipeline([_calls.savepoint(sp), self._claim(n)])
-            if error is not None:  # a failed claim (a deadlock, say) is undone alone
-                self.budget.give_back(n)
-                log.warning("claim failed, retried later: %s", error)
+            failed.append((job, outcome.failure))
+            if outcome.used_savepoint:  # undo its writes now; the transaction may be aborted
                 _, error = yield Pipeline([_calls.rollback_to(sp)])
                 if error is not None:
                     raise error
-                break
-            self._took(results[1], n, tentative=True)
-            empty = len(results[1]) < n
-        # Record the group and commit, in one round trip.
-        calls: list[Call[Any]] = []
-        if done:
-            calls.append(_calls.complete_many(done))
-        calls += [_calls.fail(job, failure, None) for job, failure in failed]
-        results, error = yield Pipeline([*calls, _calls.statement("COMMIT")])
-        if error is not None:
-            raise error
-        self.tentative = []
-        if done and results[0] != len(done):  # cannot happen while the rows are locked: say so
-            log.error("%d of %d completions found their claim stale", len(done) - results[0], len(done))
-        self.watch.remove(done + [job for job, _ in failed])
-        self.budget.spend(len(done) + len(failed))
-        self._log_failures(failed)
-        return IDLE if empty and not self.hand else None
+        return (yield from self._record(done, failed, begin=False))
 
     def _buffered_group(self) -> Generator[Pipeline | Handle, Any, str | None]:
         """At-least-once jobs: handlers outside any transaction, their outcomes recorded with the
         next claim in one transaction."""
         if not self.hand:
-            n = self._claim_size()
-            if n == 0:
-                return STOPPED if self.stopping() else SPENT
-            results, error = yield Pipeline([self._claim(n)])
-            if error is not None:
-                self.budget.give_back(n)
-                raise error
-            self._took(results[0], n, tentative=False)
-            if not self.hand:
-                return IDLE
+            ended = yield from self._claim_alone()
+            if ended is not None:
+                return ended
         started = time.monotonic()
         done: list[Job] = []
         failed: list[tuple[Job, str]] = []
         while self.hand and not self._closing(started, len(done) + len(failed)):
             job = self.hand.popleft()
+            self.running.append(job)
             t0 = time.monotonic()
             outcome: Outcome = yield Handle(job, None)
             self._timed(time.monotonic() - t0)
@@ -574,41 +527,49 @@ class Lane:
                 done.append(job)
             else:
                 failed.append((job, outcome.failure))
-        calls: list[Call[Any]] = [_calls.statement("BEGIN")]
+        return (yield from self._record(done, failed, begin=True))
+
+    def _record(
+        self, done: list[Job], failed: list[tuple[Job, str]], *, begin: bool
+    ) -> Generator[Pipeline, Any, str | None]:
+        """Record a group's outcomes and, with the hand empty, claim the next jobs, then commit:
+        one round trip, one commit. The claim's per-key counts are locked only until this commit;
+        a claim that fails (a deadlock, say) is undone alone, under a savepoint of its own."""
+        calls: list[Call[Any]] = [_calls.statement("BEGIN")] if begin else []
         if done:
             calls.append(_calls.complete_many(done))
         calls += [_calls.fail(job, failure, None) for job, failure in failed]
         n_outcomes = len(calls)
         n = 0 if self.hand else self._claim_size()
         if n:
-            calls += [_calls.savepoint(1), self._claim(n)]
-        calls.append(_calls.statement("COMMIT"))
-        results, error = yield Pipeline(calls)
+            calls += [_calls.savepoint(0), self._claim(n)]
+        results, error = yield Pipeline([*calls, _calls.statement("COMMIT")])
+        claimed: list[Job] = []
         if error is not None:
             self.budget.give_back(n)
-            if not n or len(results) <= n_outcomes:
+            if not n or len(results) <= n_outcomes:  # the outcomes themselves failed
                 raise error
             log.warning("claim failed, retried later: %s", error)
-            _, error = yield Pipeline([_calls.rollback_to(1), _calls.statement("COMMIT")])
+            _, error = yield Pipeline([_calls.rollback_to(0), _calls.statement("COMMIT")])
             if error is not None:
                 raise error
             n = 0
-        if done and results[1] != len(done):
+        elif n:
+            claimed = results[n_outcomes + 1]
+        self.running = []
+        completed = results[1 if begin else 0] if done else 0
+        if completed != len(done):  # at least once: a job reclaimed meanwhile (exactly once: cannot be)
             log.warning(
                 "%d of %d completions found their claim stale (reclaimed or cancelled)",
-                len(done) - results[1],
+                len(done) - completed,
                 len(done),
             )
         self.watch.remove(done + [job for job, _ in failed])
         self.budget.spend(len(done) + len(failed))
-        self._log_failures(failed)
-        if n:
-            claimed = results[n_outcomes + 1]
-            self._took(claimed, n, tentative=False)
-            if len(claimed) < n and not self.hand:
-                return IDLE
-        return None
-
-    def _log_failures(self, failed: list[tuple[Job, str]]) -> None:
         for job, failure in failed:
             log.info("job %s failed (attempt %d/%d): %s", job.id, job.attempt, job.max_attempts, failure)
+        if n:
+            self._took(claimed, n)
+            if not self.hand:
+                return IDLE
+        return None

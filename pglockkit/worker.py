@@ -304,6 +304,7 @@ class Worker:
         """The handler ran COMMIT or ROLLBACK on the worker's transaction: what else of the group
         committed is unknown, so the group is given up (its jobs are completed or go back by
         their lease) and this job is recorded as failed."""
+        lane.running.remove(job)
         lane.abandon_group()
         self._watch.remove([job])
         log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)

@@ -17,3 +17,25 @@ def record(job, conn):
 
 def explode(job, conn):
     raise RuntimeError(f"handler failed on job {job.id}")
+
+
+def span(job, conn):
+    """Record when the handler ran (its start and end, by the worker's clock) after sleeping."""
+    started = time.time()
+    time.sleep(job.payload.get("sleep", 0))
+    conn.execute(
+        "INSERT INTO spans (job_id, key, s, e) VALUES (%s, %s, to_timestamp(%s), to_timestamp(%s))",
+        (job.id, job.payload.get("key"), started, time.time()),
+    )
+
+
+async def span_async(job, conn):
+    """``span`` for the asyncio worker."""
+    import asyncio
+
+    started = time.time()
+    await asyncio.sleep(job.payload.get("sleep", 0))
+    await conn.execute(
+        "INSERT INTO spans (job_id, key, s, e) VALUES (%s, %s, to_timestamp(%s), to_timestamp(%s))",
+        (job.id, job.payload.get("key"), started, time.time()),
+    )

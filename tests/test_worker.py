@@ -1,0 +1,277 @@
+"""The worker: many jobs in flight per process, group commit, at-least-once handlers, the async
+twin, and what it does when handlers, other sessions and signals get in the way. Each test runs
+on both servers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+
+import psycopg
+import pytest
+from queue_handlers import record, span, span_async
+from scenarios import exactly_once_under_sigkill, worker_proc
+
+import pglockkit
+import pglockkit.aio as aio
+from pglockkit import queue as q
+
+
+@pytest.fixture
+def tables(db):
+    db.conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
+    db.conn.execute("CREATE TABLE spans (job_id bigint, key text, s timestamptz, e timestamptz)")
+    return db
+
+
+def _max_overlap(conn, key: str | None = None) -> int:
+    """The most handlers that ran at the same instant (checked at every start)."""
+    return conn.execute(
+        """SELECT coalesce(max(n), 0) FROM (
+             SELECT (SELECT count(*) FROM spans b
+                      WHERE b.s <= a.s AND a.s < b.e AND (%(k)s::text IS NULL OR b.key = %(k)s)) AS n
+               FROM spans a WHERE %(k)s::text IS NULL OR a.key = %(k)s) x""",
+        {"k": key},
+    ).fetchone()[0]
+
+
+@pytest.mark.parametrize("handler", [span, span_async], ids=["threads", "asyncio"])
+def test_concurrency_keeps_n_jobs_in_flight_and_never_more(tables, handler):
+    db = tables
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.15}] * 24)
+    started = time.monotonic()
+    assert pglockkit.Worker(db.dsn, "w", handler, concurrency=4).run(exit_when_idle=True) == 24
+    elapsed = time.monotonic() - started
+    assert db.conn.execute("SELECT count(DISTINCT job_id) FROM spans").fetchone()[0] == 24
+    assert _max_overlap(db.conn) == 4
+    assert elapsed < 24 * 0.15 / 2  # one at a time would take 3.6 s; four at a time about 0.9
+
+
+@pytest.mark.parametrize("handler", [span, span_async], ids=["threads", "asyncio"])
+def test_concurrency_respects_per_key_limits(tables, handler):
+    db = tables
+    for i in range(12):
+        q.enqueue(
+            db.conn, "w", {"sleep": 0.1, "key": "tenant:1"}, concurrency_key="tenant:1", concurrency_limit=2
+        )
+        q.enqueue(db.conn, "w", {"sleep": 0.1, "key": f"other:{i}"})
+    assert pglockkit.Worker(db.dsn, "w", handler, concurrency=6).run(exit_when_idle=True) == 24
+    assert _max_overlap(db.conn, "tenant:1") == 2  # the key's limit, reached and never passed
+    assert _max_overlap(db.conn) > 2  # other keys ran beside it
+
+
+@pytest.mark.parametrize("handler", [span, span_async], ids=["threads", "asyncio"])
+def test_connections_per_process_are_concurrency_plus_two(tables, handler):
+    db = tables
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.05}] * 4)
+    worker = pglockkit.Worker(db.dsn, "w", handler, concurrency=5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # idle now: lanes, LISTEN and heartbeat all stay connected
+        rows = dict(
+            db.conn.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'pglockkit worker w%%' GROUP BY 1"
+            ).fetchall()
+        )
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert not thread.is_alive()
+    assert rows == {
+        "pglockkit worker w": 5,
+        "pglockkit worker w listen": 1,
+        "pglockkit worker w heartbeat": 1,
+    }
+    deadline = time.monotonic() + 10  # and all of them closed once it returned
+    while db.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker w%%'"
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_group_commits_once_and_a_failing_handler_loses_only_its_own_writes(tables):
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{"n": i} for i in range(6)])
+
+    def handler(job, conn):
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+        if job.payload["n"] == 2:
+            raise RuntimeError("no luck")
+
+    worker = pglockkit.Worker(db.dsn, "w", handler, batch=6, group=32, group_time=30)
+    assert worker.run(max_jobs=6) == 6
+    logged = [r[0] for r in db.conn.execute("SELECT job_id FROM done_log ORDER BY job_id")]
+    assert logged == [i for i in ids if i != ids[2]]  # the failed job's own insert rolled back
+    # The jobs after the first (claimed alone, before the lane had timed a job) completed in one
+    # transaction (each handler's insert ran in a subtransaction of it: an xmin of its own).
+    xmins = db.conn.execute(
+        "SELECT count(DISTINCT xmin::text) FROM pglockkit.jobs WHERE id = ANY(%s)", (ids[1:],)
+    ).fetchone()[0]
+    assert xmins == 1
+    status, attempt, error, later = db.conn.execute(
+        "SELECT status, attempt, last_error, run_at > clock_timestamp() FROM pglockkit.jobs WHERE id = %s",
+        (ids[2],),
+    ).fetchone()
+    assert (status, attempt, later) == ("queued", 1, True) and "RuntimeError: no luck" in error
+
+
+def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(tables):
+    """The group locks its jobs' rows until it commits: with a lease of 0.3 s and a handler of 1 s,
+    the leases run out, yet a claimer gets none of them and a cancel waits, then finds them done."""
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{"sleep": 0}, {"sleep": 1.0}, {"sleep": 0}])
+    worker = pglockkit.Worker(db.dsn, "w", record, batch=3, group_time=30, lease=0.3)
+    thread = threading.Thread(target=worker.run, kwargs={"max_jobs": 3})
+    thread.start()
+    time.sleep(0.6)  # the group holds all three; the leases have expired
+    expired = db.conn.execute(
+        "SELECT count(*) FROM pglockkit.jobs "
+        "WHERE status = 'running' AND lease_expires_at < clock_timestamp()"
+    ).fetchone()[0]
+    stolen = q.claim(db.conn, "w", "thief", batch=10)
+    cancelled = q.cancel(db.conn, ids[2])  # waits for the group's commit
+    thread.join(20)
+    assert expired >= 2 and stolen == [] and cancelled is False
+    assert [r[0] for r in db.conn.execute("SELECT job_id FROM done_log ORDER BY job_id")] == ids
+    assert db.conn.execute("SELECT DISTINCT status, attempt FROM pglockkit.jobs").fetchall() == [("done", 1)]
+
+
+def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_on(tables, caplog):
+    db = tables
+    bad, good = q.enqueue_many(db.conn, "w", [{"commit": True}, {}])
+
+    def handler(job, conn):
+        if job.payload.get("commit"):
+            conn.commit()
+        else:
+            conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
+
+    assert pglockkit.Worker(db.dsn, "w", handler, batch=1).run(max_jobs=2) == 2
+    row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()
+    assert row[0] == "queued" and "ended the worker's transaction" in row[1]
+    assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (good,)).fetchone() == ("done",)
+
+
+def test_a_handler_that_swallows_a_database_error_fails_its_job(tables):
+    db = tables
+    [job_id] = q.enqueue_many(db.conn, "w", [{}])
+
+    def handler(job, conn):
+        with contextlib.suppress(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")  # caught: the transaction is aborted now
+
+    assert pglockkit.Worker(db.dsn, "w", handler).run(max_jobs=1) == 1
+    row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row[0] == "queued" and "aborted by an error it caught" in row[1]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_at_least_once_handlers_complete_in_batches(tables, asynchronous):
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{"n": i} for i in range(40)])
+    seen: list[int] = []
+
+    def handler(job):
+        seen.append(job.id)
+        if job.payload["n"] == 7:
+            raise ValueError("bad payload")
+
+    async def ahandler(job):
+        handler(job)
+
+    worker = pglockkit.Worker(db.dsn, "w", ahandler if asynchronous else handler, batch=10, group_time=30)
+    assert worker.run(max_jobs=40) == 40
+    assert sorted(seen) == ids
+    statuses = dict(db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY 1").fetchall())
+    assert statuses == {"done": 39, "queued": 1}
+    # Completions were recorded a group at a time, not one transaction per job.
+    groups = db.conn.execute(
+        "SELECT count(DISTINCT xmin::text) FROM pglockkit.jobs WHERE status = 'done'"
+    ).fetchone()[0]
+    assert groups <= 8, groups
+
+
+def test_aio_worker_has_the_sync_workers_signature_and_refuses_a_plain_function(db):
+    def params(cls):
+        import inspect
+
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
+
+    assert params(aio.Worker) == params(pglockkit.Worker)
+    with pytest.raises(TypeError, match="async def"):
+        aio.Worker(db.dsn, "w", record)
+    with pytest.raises(ValueError, match="group must be between 1 and 64"):
+        pglockkit.Worker(db.dsn, "w", record, group=65)
+    with pytest.raises(ValueError, match="concurrency"):
+        pglockkit.Worker(db.dsn, "w", record, concurrency=0)
+
+
+def test_aio_worker_runs_on_the_callers_loop_and_stops(tables):
+    db = tables
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.05}] * 8)
+
+    async def main() -> int:
+        worker = aio.Worker(db.dsn, "w", span_async, concurrency=4)
+        task = asyncio.create_task(worker.run())
+        while db.conn.execute("SELECT count(*) FROM spans").fetchone()[0] < 8:
+            await asyncio.sleep(0.02)
+        worker.stop()
+        return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(main()) == 8
+
+
+def test_sigterm_with_jobs_in_flight_finishes_them_and_gives_back_the_rest(tables):
+    db = tables
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.5}] * 12)
+    proc = worker_proc(db.dsn, "--concurrency", "4", "--lease", "60s")
+    deadline = time.monotonic() + 20
+    while (
+        db.conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w' "
+            "AND state = 'idle in transaction'"
+        ).fetchone()[0]
+        < 4
+    ):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    statuses = dict(db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY status").fetchall())
+    assert statuses == {"done": 4, "queued": 8}  # the four in flight finished; the rest given back
+    assert {r[0] for r in db.conn.execute("SELECT attempt FROM pglockkit.jobs WHERE status = 'queued'")} == {
+        0
+    }
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 4
+
+
+def test_cli_refuses_bad_worker_settings(db):
+    from scenarios import cli
+
+    out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps", "--group", "0")
+    assert out.returncode == 2 and "group must be between 1 and 64" in out.stderr
+
+
+@pytest.mark.slow
+def test_exactly_once_with_concurrency_and_groups_while_workers_are_sigkilled(tables):
+    """8 processes x concurrency 4 x groups of 10 drain 5,000 jobs while a random one is
+    SIGKILLed every few hundred ms: every job done, its handler's row written exactly once."""
+    db = tables
+    stats = exactly_once_under_sigkill(
+        db.conn, db.dsn, total=5000, workers=8, extra=("--concurrency", "4", "--group", "10")
+    )
+    assert stats["kills"] >= 5
+    assert stats["crashes"] == []
+    assert stats["recorded"] == stats["distinct"] == 5000
+    assert stats["mismatched"] == 0
+    assert stats["reclaimed"] > 0
