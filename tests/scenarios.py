@@ -60,9 +60,9 @@ def exactly_once_under_sigkill(
 ) -> dict[str, object]:
     """Enqueue ``total`` jobs on queue ``w`` (``conn`` needs table ``done_log``), drain them with
     ``workers`` worker processes (``pglockkit work`` with ``extra`` arguments) on ``worker_dsn``
-    while a random one is SIGKILLed every 0.2-0.5 s and replaced. Returns kills, the stderr of workers that exited by themselves (``crashes``),
-    recorded and distinct done_log rows, rows whose token is not the job's final one, and jobs
-    that were reclaimed."""
+    while a random one is SIGKILLed every 0.2-0.5 s and replaced. Returns kills, the stderr of
+    workers that exited by themselves (``crashes``), recorded and distinct done_log rows, rows
+    whose token is not the job's final one, and jobs that were reclaimed."""
     q.enqueue_many(conn, "w", [{}] * total)
     rng = random.Random(seed)
     args = ("--batch", "5", "--lease", "1s", "--poll", "0.2", *extra)
