@@ -8,9 +8,10 @@ own tooling: ``pglockkit.install``, procrastinate's ``schema_manager.apply_schem
 ``Queries.install()``. Then ``--workers`` worker processes per system are started and left idle,
 waiting on LISTEN:
 
-- pglockkit: ``pglockkit work --queue bench_peers --handler bench.peers:noop`` (its ``Worker``:
-  claim, handler and ``complete_job`` in one transaction, a heartbeat thread), batch 1 (the default)
-  and, as a second entry, ``--batch 10``;
+- pglockkit: ``pglockkit work --queue bench_peers --handler bench.peers:noop`` with its defaults
+  (``handler(job, conn)``: exactly once, group commit); as a second entry the best setting
+  documented in the README (``--batch 64 --group 64``); as a third, ``bench.peers:noop_job``
+  (``handler(job)``: at least once, completions recorded in batches, as the peers do);
 - procrastinate: ``App.run_worker(queues=['bench_peers'])`` with its defaults (concurrency 1), an
   ``async def`` no-op task;
 - pgqueuer: ``QueueManager.run()`` with its defaults (batch 10, durable tables), an ``async def``
@@ -33,8 +34,10 @@ share the CPUs with the server, which is part of what is measured (a lighter cli
 procrastinate and pgqueuer are the optional extra ``peers`` (``pip install -e '.[peers]'``); a
 missing one is reported as not installed. The databases are dropped at the end.
 
-Reproduce: ``python -m bench.peers --embedded`` (or ``--dsn DSN`` of a role that may create
-databases); about 1-2 minutes.
+``--workers 1,4`` measures every system with 1 worker process, then with 4.
+
+Reproduce: ``python -m bench.peers --embedded --workers 1,4`` (or ``--dsn DSN`` of a role that
+may create databases); about 3-4 minutes.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pglockkit
-from bench.common import add_target_arguments, environment, positive, report, spread, target
+from bench.common import add_target_arguments, environment, int_list, positive, report, spread, target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PATH = ROOT / "bench" / "results" / "peers.json"
@@ -72,6 +75,10 @@ NOT_INSTALLED = "not installed (pip install -e '.[peers]')"
 
 def noop(job: Any, conn: psycopg.Connection) -> None:
     """The pglockkit handler: does nothing (``pglockkit work --handler bench.peers:noop``)."""
+
+
+def noop_job(job: Any) -> None:
+    """The at-least-once pglockkit handler, with no connection: does nothing."""
 
 
 def _log(message: str) -> None:
@@ -180,12 +187,12 @@ class System:
     settings: str
 
 
-def _pglockkit_worker(batch: int) -> Callable[[str, str], list[str]]:
+def _pglockkit_worker(handler: str, *settings: str) -> Callable[[str, str], list[str]]:
     def argv(dsn: str, name: str) -> list[str]:
         return [
             sys.executable,
             *("-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", QUEUE),
-            *("--handler", "bench.peers:noop", "--name", name, "--batch", str(batch)),
+            *("--handler", f"bench.peers:{handler}", "--name", name, *settings),
         ]
 
     return argv
@@ -200,6 +207,7 @@ def _peer_worker(system: str) -> Callable[[str, str], list[str]]:
     return argv
 
 
+TUNED = ("--batch", "64", "--group", "64")  # the README's best documented setting
 PGLOCKKIT_UNFINISHED = (
     f"SELECT count(*) FROM pglockkit.jobs WHERE queue = '{QUEUE}' AND status IN ('queued', 'running')"
 )
@@ -209,18 +217,27 @@ SYSTEMS = [
         "pglockkit",
         lambda dsn: pglockkit.install(dsn),
         _pglockkit_enqueue,
-        _pglockkit_worker(1),
+        _pglockkit_worker("noop"),
         PGLOCKKIT_UNFINISHED,
-        "`pglockkit work`, batch 1 (default), sync handler",
+        "`pglockkit work` (defaults), `handler(job, conn)`: exactly once",
     ),
     System(
-        "pglockkit batch 10",
+        "pglockkit tuned",
         "pglockkit",
         lambda dsn: pglockkit.install(dsn),
         _pglockkit_enqueue,
-        _pglockkit_worker(10),
+        _pglockkit_worker("noop", *TUNED),
         PGLOCKKIT_UNFINISHED,
-        "`pglockkit work --batch 10`, sync handler",
+        f"`pglockkit work {' '.join(TUNED)}`, `handler(job, conn)`: exactly once",
+    ),
+    System(
+        "pglockkit at least once",
+        "pglockkit",
+        lambda dsn: pglockkit.install(dsn),
+        _pglockkit_enqueue,
+        _pglockkit_worker("noop_job"),
+        PGLOCKKIT_UNFINISHED,
+        "`pglockkit work` (defaults), `handler(job)`: at least once",
     ),
     System(
         "procrastinate",
@@ -360,7 +377,9 @@ def drain(running: Running, jobs: int, timeout: float) -> Round:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.splitlines()[0])
     add_target_arguments(parser)
-    parser.add_argument("--workers", type=positive(int), default=4, help="worker processes per system (4)")
+    parser.add_argument(
+        "--workers", type=int_list, default=[4], help="worker processes per system, e.g. 1,4 (default 4)"
+    )
     parser.add_argument("--jobs", type=positive(int), default=5000, help="no-op jobs per round (5000)")
     parser.add_argument("--runs", type=positive(int), default=3, help="rounds per system (default 3)")
     parser.add_argument(
@@ -380,39 +399,72 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     missing = {s.name: NOT_INSTALLED for s in SYSTEMS if not installed(s.module)}
     log_dir = args.output.parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
-    running: list[Running] = []
+    rows = []
     with psycopg.connect(dsn, autocommit=True) as admin:
         version = admin.execute("SHOW server_version").fetchone()[0]
-        try:
-            for system in systems:
-                name = _db_name(args.prefix, system)
-                create_database(admin, name)
-                running.append(start(system, dsn_for(dsn, name), args.workers, log_dir))
-            for r in running:  # the first round waits for the workers to start, and warms them up
-                drain(r, args.warmup, READY_TIMEOUT_S)
-                _log(f"[peers] {r.system.name}: {args.workers} workers ready")
-            for i in range(args.runs):
-                shift = i % len(running)
-                for r in running[shift:] + running[:shift]:
-                    rounds[r.system.name].append(rnd := drain(r, args.jobs, args.timeout))
-                    _log(
-                        f"[peers] run {i + 1}/{args.runs} {r.system.name}: {rnd.jobs_s:,.0f} jobs/s, "
-                        f"{rnd.steady_jobs_s:,.0f} from 10% to 90% done"
-                    )
-        finally:
-            for r in running:
-                r.stop()
-            for system in systems:
-                drop_database(admin, _db_name(args.prefix, system))
+        for workers in args.workers:
+            rounds = measure(admin, dsn, systems, workers, args, log_dir)
+            rows += _rows(rounds, missing, workers)
     env = environment("bench.peers", argv, target_name, version)
-    peers = [s.name for s in systems if s.module != "pglockkit"]
+    settings = {"workers": args.workers, "jobs": args.jobs, "runs": args.runs, "warmup": args.warmup}
+    return {
+        "environment": env,
+        "settings": settings,
+        "rows": rows,
+        "markdown": render_markdown(env, settings, rows),
+    }
+
+
+def measure(
+    admin: psycopg.Connection,
+    dsn: str,
+    systems: Sequence[System],
+    workers: int,
+    args: argparse.Namespace,
+    log_dir: Path,
+) -> dict[str, list[Round]]:
+    """Every system with ``workers`` worker processes, rounds alternating; their rounds by name."""
+    rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
+    running: list[Running] = []
+    try:
+        for system in systems:
+            name = _db_name(args.prefix, system)
+            create_database(admin, name)
+            running.append(start(system, dsn_for(dsn, name), workers, log_dir))
+        for r in running:  # the first round waits for the workers to start, and warms them up
+            drain(r, args.warmup, READY_TIMEOUT_S)
+            _log(f"[peers] {r.system.name}: {workers} workers ready")
+        for i in range(args.runs):
+            shift = i % len(running)
+            for r in running[shift:] + running[:shift]:
+                rounds[r.system.name].append(rnd := drain(r, args.jobs, args.timeout))
+                _log(
+                    f"[peers] {workers} workers, run {i + 1}/{args.runs} {r.system.name}: "
+                    f"{rnd.jobs_s:,.0f} jobs/s, {rnd.steady_jobs_s:,.0f} from 10% to 90% done"
+                )
+    finally:
+        for r in running:
+            r.stop()
+        for system in systems:
+            drop_database(admin, _db_name(args.prefix, system))
+    return rounds
+
+
+def _rows(rounds: dict[str, list[Round]], missing: dict[str, str], workers: int) -> list[dict[str, Any]]:
+    peers = [s.name for s in SYSTEMS if s.module != "pglockkit" and s.name in rounds]
     best = max((statistics.median(r.jobs_s for r in rounds[p]) for p in peers), default=None)
     best_steady = max((statistics.median(r.steady_jobs_s for r in rounds[p]) for p in peers), default=None)
     rows = []
     for system in SYSTEMS:
         if system.name in missing:
-            rows.append({"system": system.name, "status": missing[system.name], "settings": system.settings})
+            rows.append(
+                {
+                    "system": system.name,
+                    "workers": workers,
+                    "status": missing[system.name],
+                    "settings": system.settings,
+                }
+            )
             continue
         mine = rounds[system.name]
         median = statistics.median(r.jobs_s for r in mine)
@@ -420,6 +472,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         rows.append(
             {
                 "system": system.name,
+                "workers": workers,
                 "status": "measured",
                 "version": system_version(system),
                 "settings": system.settings,
@@ -432,13 +485,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 "round_seconds": [r.seconds for r in mine],
             }
         )
-    settings = {"workers": args.workers, "jobs": args.jobs, "runs": args.runs, "warmup": args.warmup}
-    return {
-        "environment": env,
-        "settings": settings,
-        "rows": rows,
-        "markdown": render_markdown(env, settings, rows),
-    }
+    return rows
 
 
 def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[dict]) -> str:
@@ -449,16 +496,18 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
         f"- command: `{env['command']}`",
         f"- server: {env['server_version']} ({env['target']}); each system in a database of its own",
         f"- machine: {env['platform']}, {env['cpu']}, nproc {env['nproc']}",
-        f"- settings: {settings['workers']} worker processes per system, {settings['jobs']:,} no-op jobs "
-        f"per round, {settings['runs']} rounds per system (rotated), after a warm-up of {settings['warmup']}",
+        f"- settings: {', '.join(map(str, settings['workers']))} worker processes per system, "
+        f"{settings['jobs']:,} no-op jobs per round, {settings['runs']} rounds per system (rotated), "
+        f"after a warm-up of {settings['warmup']}",
         "",
         "Drain: jobs / time from the enqueue's commit until no job is left unfinished (what a burst "
         "costs, start-up latency included). Steady: jobs done between the polls that saw 10% and 90% "
         "of the round done / the time between them (the rate once running). Median (min-max) of "
         "rounds; ratio = median / the best peer's median.",
         "",
-        "| system | version | workers run as | drain jobs/s | vs best peer | steady jobs/s | vs best peer |",
-        "|---|---|---|--:|--:|--:|--:|",
+        "| system | processes | version | workers run as | drain jobs/s | vs best peer | steady jobs/s "
+        "| vs best peer |",
+        "|---|--:|---|---|--:|--:|--:|--:|",
     ]
 
     def ratio(value: float | None) -> str:
@@ -466,10 +515,12 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
 
     for r in rows:
         if r["status"] != "measured":
-            lines.append(f"| {r['system']} | - | {r['settings']} | {r['status']} | - | - | - |")
+            lines.append(
+                f"| {r['system']} | {r['workers']} | - | {r['settings']} | {r['status']} | - | - | - |"
+            )
             continue
         lines.append(
-            f"| {r['system']} | {r['version']} | {r['settings']} | {spread(r['jobs_s'])} "
+            f"| {r['system']} | {r['workers']} | {r['version']} | {r['settings']} | {spread(r['jobs_s'])} "
             f"| {ratio(r['vs_best_peer'])} | {spread(r['steady_jobs_s'])} "
             f"| {ratio(r['steady_vs_best_peer'])} |"
         )

@@ -110,7 +110,7 @@ SECTIONS = [
         "peers",
         "Queue peers: pglockkit vs procrastinate vs pgqueuer",
         peers,
-        ("--workers", "4", "--jobs", "3000", "--runs", "3", "--warmup", "200"),
+        ("--workers", "1,4", "--jobs", "3000", "--runs", "3", "--warmup", "200"),
         ("--workers", "1", "--jobs", "30", "--runs", "1", "--warmup", "5"),
         150,
     ),
@@ -253,7 +253,7 @@ def _peers_rows(d: dict) -> list[Row]:
     s = d["settings"]
     rows: list[Row] = []
     for r in d["rows"]:
-        what = f"{r['system']}: {s['jobs']:,} no-op jobs, {s['workers']} workers, jobs/s"
+        what = f"{r['system']}: {s['jobs']:,} no-op jobs, {r['workers']} workers, jobs/s"
         if r["status"] != "measured":
             rows.append(("peers", what, r["status"], "-"))
             continue

@@ -47,7 +47,7 @@ from pglockkit.retry import backoff
 log = logging.getLogger("pglockkit.queue")
 
 # Defaults, shared with pglockkit.aio.Worker and the CLI.
-BATCH = 10
+BATCH = 32
 GROUP = 32
 GROUP_TIME = 0.02
 LEASE = 60.0

@@ -72,7 +72,8 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
         assert all(_positive(v) for v in row["median_tps"].values())
 
     rows = {r["system"]: r for r in sections["peers"]["data"]["rows"]}
-    assert set(rows) == {"pglockkit", "pglockkit batch 10", "procrastinate", "pgqueuer"}
+    names = {"pglockkit", "pglockkit tuned", "pglockkit at least once", "procrastinate", "pgqueuer"}
+    assert set(rows) == names
     for name, row in rows.items():
         if name.startswith("pglockkit") or peers.installed(name):
             assert row["status"] == "measured", name
