@@ -39,6 +39,7 @@ from pglockkit._lanes import (
     takes_connection,
 )
 from pglockkit.connection import connect_params
+from pglockkit.errors import PglockkitError
 from pglockkit.leases import default_holder
 from pglockkit.retry import backoff
 from pglockkit.worker import BATCH, GROUP, GROUP_TIME, LEASE, first_line
@@ -186,6 +187,8 @@ class Worker:
                     )
                     continue
                 except Exception as exc:  # a statement of the lane failed: its group rolled back
+                    if not isinstance(exc, psycopg.Error | PglockkitError):  # a bug: show where
+                        log.error("lane error", exc_info=True)
                     failures = await self._pause(
                         failures, f"lane error, group rolled back ({first_line(exc)})"
                     )

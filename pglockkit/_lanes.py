@@ -36,7 +36,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,6 +68,7 @@ class Handle:
 
     job: Job
     savepoint: Call[None] | None
+    begins: bool = False  # ``savepoint`` is the BEGIN of the job's transaction, not a savepoint
 
 
 class HandlerEndedTransaction(Exception):
@@ -112,7 +113,7 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | Non
         return Outcome(error_text(exc), used)
     if exactly_once:
         status = conn.info.transaction_status
-        if status == TransactionStatus.IDLE:
+        if status == TransactionStatus.IDLE and (used or not request.begins):
             raise HandlerEndedTransaction(request.job)
         if status == TransactionStatus.INERROR:
             return Outcome(ABORTED_BY_HANDLER, used)
@@ -469,6 +470,8 @@ class Lane:
             ended = yield from self._claim_alone()
             if ended is not None:
                 return ended
+        if len(self.hand) == 1 or self.job_seconds >= self.s.group_time:
+            return (yield from self._alone())
         # Lock the jobs in hand for the group's life (and renew their leases). A claim does not
         # run inside the group: its per-key counts would stay locked, and other claimers wait.
         jobs = list(self.hand)
@@ -507,6 +510,42 @@ class Lane:
                     raise error
         return (yield from self._record(done, failed, begin=False))
 
+    def _alone(self) -> Generator[Pipeline | Handle, Any, str | None]:
+        """One exactly-once job in a transaction of its own (slow jobs, or one in hand). Its row
+        is not locked while the handler runs, so the heartbeat keeps renewing its lease however
+        long it runs; ``complete_job`` then tells whether the claim is still ours, and a stale
+        one rolls the job's writes back. The transaction begins with the handler's first
+        statement: a handler that does not use its connection costs no round trip for it."""
+        job = self.hand.popleft()
+        self.running.append(job)
+        t0 = time.monotonic()
+        outcome: Outcome = yield Handle(job, _calls.statement("BEGIN"), begins=True)
+        self._timed(time.monotonic() - t0)
+        began = outcome.used_savepoint
+        if outcome.failure is not None:
+            if began:
+                _, error = yield Pipeline([_calls.statement("ROLLBACK")])
+                if error is not None:
+                    raise error
+            return (yield from self._record([], [(job, outcome.failure)], begin=True))
+        results, error = yield Pipeline(
+            [*([] if began else [_calls.statement("BEGIN")]), _calls.complete(job)]
+        )
+        if error is not None:
+            raise error
+        if results[-1] is False:
+            log.warning(
+                "job %s: claim %s is stale (reclaimed or cancelled); its writes were rolled back",
+                job.id,
+                job.token,
+            )
+            _, error = yield Pipeline([_calls.statement("ROLLBACK")])
+            if error is not None:
+                raise error
+            self.abandon_group()
+            return None
+        return (yield from self._record([], [], begin=False, completed=[job]))
+
     def _buffered_group(self) -> Generator[Pipeline | Handle, Any, str | None]:
         """At-least-once jobs: handlers outside any transaction, their outcomes recorded with the
         next claim in one transaction."""
@@ -530,11 +569,12 @@ class Lane:
         return (yield from self._record(done, failed, begin=True))
 
     def _record(
-        self, done: list[Job], failed: list[tuple[Job, str]], *, begin: bool
+        self, done: list[Job], failed: list[tuple[Job, str]], *, begin: bool, completed: Sequence[Job] = ()
     ) -> Generator[Pipeline, Any, str | None]:
-        """Record a group's outcomes and, with the hand empty, claim the next jobs, then commit:
-        one round trip, one commit. The claim's per-key counts are locked only until this commit;
-        a claim that fails (a deadlock, say) is undone alone, under a savepoint of its own."""
+        """Record a group's outcomes (``completed``: jobs already completed in the open
+        transaction) and, with the hand empty, claim the next jobs, then commit: one round trip,
+        one commit. The claim's per-key counts are locked only until this commit; a claim that
+        fails (a deadlock, say) is undone alone, under a savepoint of its own."""
         calls: list[Call[Any]] = [_calls.statement("BEGIN")] if begin else []
         if done:
             calls.append(_calls.complete_many(done))
@@ -557,15 +597,15 @@ class Lane:
         elif n:
             claimed = results[n_outcomes + 1]
         self.running = []
-        completed = results[1 if begin else 0] if done else 0
-        if completed != len(done):  # at least once: a job reclaimed meanwhile (exactly once: cannot be)
+        current = results[1 if begin else 0] if done else 0
+        if current != len(done):  # at least once: a job reclaimed meanwhile (exactly once: cannot be)
             log.warning(
                 "%d of %d completions found their claim stale (reclaimed or cancelled)",
-                len(done) - completed,
+                len(done) - current,
                 len(done),
             )
-        self.watch.remove(done + [job for job, _ in failed])
-        self.budget.spend(len(done) + len(failed))
+        self.watch.remove([*done, *completed, *(job for job, _ in failed)])
+        self.budget.spend(len(done) + len(completed) + len(failed))
         for job, failure in failed:
             log.info("job %s failed (attempt %d/%d): %s", job.id, job.attempt, job.max_attempts, failure)
         if n:

@@ -41,6 +41,7 @@ from pglockkit._lanes import (
     takes_connection,
 )
 from pglockkit.connection import connect, connect_params
+from pglockkit.errors import PglockkitError
 from pglockkit.leases import default_holder
 from pglockkit.retry import backoff
 
@@ -250,6 +251,8 @@ class Worker:
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
                     continue
                 except Exception as exc:  # a statement of the lane failed: its group rolled back
+                    if not isinstance(exc, psycopg.Error | PglockkitError):  # a bug: show where
+                        log.error("lane error", exc_info=True)
                     failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
                     continue
                 if why != IDLE or exit_when_idle or self._stopping.is_set():

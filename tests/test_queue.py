@@ -463,26 +463,25 @@ def _worker_proc(db, *extra):
 
 @pytest.mark.parametrize("batch", ["6", "1"])
 def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log, batch):
-    """batch 6: the rest of the batch is given back; batch 1: the job claimed ahead (in the
-    transaction that completed the job in hand, after SIGTERM arrived) is given back."""
+    """A fast job first, so that the worker's lane then claims up to its batch: with batch 6 it
+    holds all six slow jobs when SIGTERM arrives, finishes the one in hand and gives five back;
+    with batch 1 it holds one, and the other five were never claimed."""
     db = done_log
-    ids = q.enqueue_many(db.conn, "w", [{"sleep": 0.5}] * 6)
+    ids = q.enqueue_many(db.conn, "w", [{"sleep": 0}] + [{"sleep": 0.5}] * 6)
     proc = _worker_proc(db, "--batch", batch, "--lease", "60s")
     deadline = time.monotonic() + 20
-    # Wait until the worker is inside a handler: its connection is idle in the job's transaction.
-    while not db.conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w' "
-        "AND state = 'idle in transaction'"
-    ).fetchone()[0]:
+    running = "SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'"
+    while db.conn.execute(running).fetchone()[0] < int(batch):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.01)
+    time.sleep(0.1)  # inside the first slow handler
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     statuses = dict(db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY status").fetchall())
-    assert statuses == {"done": 1, "queued": len(ids) - 1}  # the job in hand finished; the rest given back
+    assert statuses == {"done": 2, "queued": len(ids) - 2}  # the job in hand finished; the rest given back
     attempts = {r[0] for r in db.conn.execute("SELECT attempt FROM pglockkit.jobs WHERE status = 'queued'")}
     assert attempts == {0}  # given back: the attempt did not count
-    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 1
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 2
 
 
 @pytest.mark.slow

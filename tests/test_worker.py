@@ -151,10 +151,9 @@ def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_o
     bad, good = q.enqueue_many(db.conn, "w", [{"commit": True}, {}])
 
     def handler(job, conn):
+        conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
         if job.payload.get("commit"):
             conn.commit()
-        else:
-            conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
 
     assert pglockkit.Worker(db.dsn, "w", handler, batch=1).run(max_jobs=2) == 2
     row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()
@@ -236,15 +235,11 @@ def test_sigterm_with_jobs_in_flight_finishes_them_and_gives_back_the_rest(table
     q.enqueue_many(db.conn, "w", [{"sleep": 0.5}] * 12)
     proc = worker_proc(db.dsn, "--concurrency", "4", "--lease", "60s")
     deadline = time.monotonic() + 20
-    while (
-        db.conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w' "
-            "AND state = 'idle in transaction'"
-        ).fetchone()[0]
-        < 4
-    ):
+    running = "SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'"
+    while db.conn.execute(running).fetchone()[0] < 4:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.01)
+    time.sleep(0.1)  # inside the four handlers
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     statuses = dict(db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY status").fetchall())
