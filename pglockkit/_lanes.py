@@ -22,6 +22,11 @@ Group commit, exactly once (``handler(job, conn)``)
     together: its jobs run again after their lease. A group is the jobs in hand, ended early
     after ``group`` jobs or, at the next job boundary, ``group_time`` seconds after it began.
 
+    A slow job (slower than ``group_time`` on this lane), or the only one in hand, runs alone in
+    a transaction that begins with its handler's first statement; its row is not locked, so the
+    heartbeat renews its lease however long it runs, and ``complete_job`` then tells whether the
+    claim is still ours (a stale one rolls back).
+
 At least once (``handler(job)``, no connection)
     The handler runs outside any transaction; its completions (and failures) are buffered and
     recorded with the next claim in one transaction per group. A crash before that commit runs

@@ -710,7 +710,7 @@ def _commits(db) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("group", "most"), [(1, 1.5 * 60), (32, 15)])
+@pytest.mark.parametrize(("group", "most"), [(1, 1.5 * 60), (32, 25)])
 def test_worker_commits_once_per_group_and_claims_with_the_last_completion(done_log, group, most):
     """group 1 (and batch 1): one commit per job, not two (the claim of job n+1 commits with the
     completion of job n); group 32 (and batch 32): 60 jobs in a few groups, each one commit."""
@@ -729,7 +729,8 @@ def test_worker_commits_once_per_group_and_claims_with_the_last_completion(done_
     commits = _commits(db) - before
     assert db.conn.execute("SELECT count(DISTINCT job_id) FROM done_log").fetchone()[0] == total
     # Plus a few for the worker's sessions (LISTEN, the first and the last empty claim) and this
-    # test's own reads. Claiming in a transaction of its own made group 1 cost 2 * total and more.
+    # test's own reads: about 5 for group 32 alone, up to 18 seen in a loaded full run. Claiming
+    # in a transaction of its own made group 1 cost 2 * total and more.
     assert commits < most, commits
     if group == 1:
         assert commits >= total

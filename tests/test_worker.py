@@ -270,3 +270,22 @@ def test_exactly_once_with_concurrency_and_groups_while_workers_are_sigkilled(ta
     assert stats["recorded"] == stats["distinct"] == 5000
     assert stats["mismatched"] == 0
     assert stats["reclaimed"] > 0
+
+
+def test_a_job_cancelled_while_it_runs_alone_has_its_writes_rolled_back(tables):
+    """A job alone in hand runs unlocked (the heartbeat renews its lease); its completion checks
+    the claim, and a claim gone stale meanwhile rolls the handler's writes back."""
+    db = tables
+    [job_id] = q.enqueue_many(db.conn, "w", [{"sleep": 0.6}])
+    worker = pglockkit.Worker(db.dsn, "w", record, lease=0.3)
+    thread = threading.Thread(target=worker.run, kwargs={"exit_when_idle": True})
+    thread.start()
+    time.sleep(0.4)  # past the first lease: the heartbeat has renewed it, the row is not locked
+    assert q.claim(db.conn, "w", "thief") == []
+    assert q.cancel(db.conn, job_id) is True  # not waited for: nothing holds the row
+    thread.join(20)
+    assert not thread.is_alive()
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 0
+    assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone() == (
+        "cancelled",
+    )
