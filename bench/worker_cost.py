@@ -157,7 +157,11 @@ def bare_run(dsn: str, jobs: int, batch: int) -> Callable[[], int]:
                     _calls.run_pipeline(
                         conn,
                         [
-                            _calls.Call(BARE_COMPLETE, ([r[0] for r in rows], [r[1] for r in rows])),
+                            _calls.Call(
+                                BARE_COMPLETE,
+                                ([r[0] for r in rows], [r[1] for r in rows]),
+                                decode=lambda _: None,
+                            ),
                             _calls.statement("COMMIT"),
                         ],
                     )
