@@ -533,9 +533,9 @@ class Lane:
                 if error is not None:
                     raise error
             return (yield from self._record([], [(job, outcome.failure)], begin=True))
-        results, error = yield Pipeline(
-            [*([] if began else [_calls.statement("BEGIN")]), _calls.complete(job)]
-        )
+        if not began:  # no writes to keep or undo: record it with the next claim, one round trip
+            return (yield from self._record([job], [], begin=True))
+        results, error = yield Pipeline([_calls.complete(job)])
         if error is not None:
             raise error
         if results[-1] is False:
