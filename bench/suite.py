@@ -11,6 +11,8 @@ another on the same server:
 - ``pgbench``: ``bench.pgbench_compare`` (seed 004: ``xact_lock`` vs ``pg_advisory_xact_lock`` vs
   ``SELECT ... FOR UPDATE`` with pgbench);
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
+- ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
+- ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
 
 Each section has a time budget; the report flags a section that overran it. The defaults take about
 5 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
@@ -40,7 +42,16 @@ from typing import Any
 
 import psycopg
 
-from bench import lease_throughput, lock_overhead, monitoring_cost, peers, pgbench_compare, queue_throughput
+from bench import (
+    io_bound,
+    lease_throughput,
+    lock_overhead,
+    monitoring_cost,
+    peers,
+    pgbench_compare,
+    queue_throughput,
+    worker_cost,
+)
 from bench.common import environment, spread
 from pglockkit.connection import DSN_ENV
 
@@ -112,7 +123,23 @@ SECTIONS = [
         peers,
         ("--workers", "1,4", "--jobs", "3000", "--runs", "3", "--warmup", "200"),
         ("--workers", "1", "--jobs", "30", "--runs", "1", "--warmup", "5"),
-        150,
+        240,
+    ),
+    Section(
+        "worker",
+        "What one job costs the worker: commits, round trips, CPU vs the bare statements",
+        worker_cost,
+        ("--jobs", "5000"),
+        ("--jobs", "100"),
+        60,
+    ),
+    Section(
+        "io",
+        "I/O-bound jobs: one worker process, 16 in flight",
+        io_bound,
+        ("--jobs", "400", "--concurrency", "16", "--sleep", "0.1", "--runs", "3"),
+        ("--jobs", "16", "--concurrency", "4", "--sleep", "0.01", "--runs", "1"),
+        90,
     ),
 ]
 BY_NAME = {s.name: s for s in SECTIONS}
@@ -262,7 +289,45 @@ def _peers_rows(d: dict) -> list[Row]:
             ("steady", "steady_jobs_s", "steady_vs_best_peer"),
         ):
             versus = "" if r[ratio] is None else f"; {r[ratio]:.2f} x best peer"
-            rows.append(("peers", f"{what} ({kind})", f"{spread(r[key])}{versus}", "pglockkit >= best peer"))
+            goal = {
+                "pglockkit": ">= 1.2 x best peer (steady)",
+                "pglockkit tuned": ">= 1.5 x best peer (steady)",
+            }
+            rows.append(
+                ("peers", f"{what} ({kind})", f"{spread(r[key])}{versus}", goal.get(r["system"], "-"))
+            )
+    return rows
+
+
+def _worker_rows(d: dict) -> list[Row]:
+    rows: list[Row] = []
+    for r in d["rows"]:
+        kit, bare = r["worker"], r["bare"]
+        rows.append(
+            (
+                "worker",
+                f"{r['setting']}: `Worker` / bare statements at batch {r['batch']}, jobs/s",
+                f"{kit['jobs_s'] / bare['jobs_s']:.2f} ({kit['jobs_s']:,.0f} vs {bare['jobs_s']:,.0f}); "
+                "per job: "
+                f"{kit['commits_per_job']:.3f} vs {bare['commits_per_job']:.3f} commits, "
+                f"{kit['round_trips_per_job']:.3f} vs {bare['round_trips_per_job']:.3f} round trips, "
+                f"{kit['server_cpu_us_per_job']:,.0f} vs {bare['server_cpu_us_per_job']:,.0f} µs server CPU",
+                "1.0 = the bare statements",
+            )
+        )
+    return rows
+
+
+def _io_rows(d: dict) -> list[Row]:
+    s = d["settings"]
+    what = f"{s['jobs']} jobs of {s['sleep_s'] * 1000:.0f} ms, concurrency {s['concurrency']}, one process"
+    rows: list[Row] = []
+    for r in d["rows"]:
+        if r["status"] != "measured":
+            rows.append(("io", f"{r['case']}: {what}", r["status"], "-"))
+        else:
+            result = f"{spread(r['jobs_s'], ',.1f')} jobs/s; {r['of_ideal']:.2f} of ideal"
+            rows.append(("io", f"{r['case']}: {what}", result, ">= 0.8 of ideal, start-up included"))
     return rows
 
 
@@ -273,6 +338,8 @@ SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "monitoring": _monitoring_rows,
     "pgbench": _pgbench_rows,
     "peers": _peers_rows,
+    "worker": _worker_rows,
+    "io": _io_rows,
 }
 
 
