@@ -12,8 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -32,22 +31,19 @@ from pglockkit._lanes import (
     HandlerEndedTransaction,
     Lane,
     Outcome,
-    Settings,
-    Watch,
+    WorkerBase,
     is_async,
     outcome,
-    takes_connection,
 )
 from pglockkit.connection import connect_params
 from pglockkit.errors import PglockkitError
-from pglockkit.leases import default_holder
 from pglockkit.retry import backoff
-from pglockkit.worker import BATCH, GROUP, GROUP_TIME, LEASE, first_line
+from pglockkit.worker import first_line
 
 log = logging.getLogger("pglockkit.queue")
 
 
-class Worker:
+class Worker(WorkerBase):
     """``pglockkit.Worker`` for ``async def`` handlers, awaited on the running loop.
 
     ``await handler(job, conn)`` runs in the job's transaction on an ``AsyncConnection`` and
@@ -61,53 +57,17 @@ class Worker:
     >>> await pglockkit.aio.Worker(dsn, "emails", send, concurrency=16).run()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        queue: str,
-        handler: Callable[..., Awaitable[Any]],
-        *,
-        name: str | None = None,
-        concurrency: int = 1,
-        batch: int = BATCH,
-        group: int = GROUP,
-        group_time: float = GROUP_TIME,
-        lease: float | timedelta = LEASE,
-        poll_interval: float = 1.0,
-        reconnect_cap: float = 10.0,
-    ):
+    def _check_handler(self, handler: Callable[..., Any]) -> None:
         if not is_async(handler):
             raise TypeError(
                 f"pglockkit.aio.Worker awaits `async def` handlers; {handler!r} is not one: "
                 "run it with pglockkit.Worker (threads)"
             )
-        self.dsn = dsn
-        self.handler = handler
-        self.settings = Settings.checked(
-            queue,
-            name or default_holder(),
-            concurrency=concurrency,
-            batch=batch,
-            group=group,
-            group_time=group_time,
-            lease=lease,
-            poll_interval=poll_interval,
-            reconnect_cap=reconnect_cap,
-            exactly_once=takes_connection(handler),
-        )
-        self.queue, self.name = queue, self.settings.name
-        self.reconnects = 0
-        self._budget = Budget(None)
-        self._watch = Watch()
-        self._stopping = threading.Event()
+
+    def _ready(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kick = asyncio.Event()
         self._stopped = asyncio.Event()
-
-    @property
-    def processed(self) -> int:
-        """Jobs whose outcome (done or a failed attempt) has committed."""
-        return self._budget.processed
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.

@@ -150,8 +150,8 @@ class Settings:
     def checked(
         cls,
         queue: str,
-        name: str,
         *,
+        name: str,
         concurrency: int,
         batch: int,
         group: int,
@@ -186,6 +186,67 @@ class Settings:
             reconnect_cap,
             exactly_once,
         )
+
+
+# A worker's defaults (the CLI shows them).
+BATCH = 32
+GROUP = 32
+GROUP_TIME = 0.02
+LEASE = 60.0
+
+
+class WorkerBase:
+    """What ``pglockkit.Worker`` and ``pglockkit.aio.Worker`` share: their arguments, checked
+    once, and their counters."""
+
+    def __init__(
+        self,
+        dsn: str,
+        queue: str,
+        handler: Callable[..., Any],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        batch: int = BATCH,
+        group: int = GROUP,
+        group_time: float = GROUP_TIME,
+        lease: float | timedelta = LEASE,
+        poll_interval: float = 1.0,
+        reconnect_cap: float = 10.0,
+    ):
+        from pglockkit.leases import default_holder
+
+        self._check_handler(handler)
+        self.dsn = dsn
+        self.handler = handler
+        self.options = {
+            "name": name or default_holder(),
+            "concurrency": concurrency,
+            "batch": batch,
+            "group": group,
+            "group_time": group_time,
+            "lease": lease,
+            "poll_interval": poll_interval,
+            "reconnect_cap": reconnect_cap,
+        }
+        self.settings = Settings.checked(queue, exactly_once=takes_connection(handler), **self.options)
+        self.queue, self.name = queue, self.settings.name
+        self.reconnects = 0
+        self._budget = Budget(None)
+        self._watch = Watch()
+        self._stopping = threading.Event()
+        self._ready()
+
+    @property
+    def processed(self) -> int:
+        """Jobs whose outcome (done or a failed attempt) has committed."""
+        return self._budget.processed
+
+    def _check_handler(self, handler: Callable[..., Any]) -> None:
+        """Raises ``TypeError`` for a handler this worker cannot run."""
+
+    def _ready(self) -> None:
+        """The subclass's own state."""
 
 
 class Budget:

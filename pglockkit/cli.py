@@ -16,10 +16,11 @@ from pathlib import Path
 import psycopg
 
 from pglockkit import demo, embedded, locks, monitor, queue, runs
+from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, render_bundle, status, uninstall
-from pglockkit.worker import BATCH, GROUP, GROUP_TIME, Worker
+from pglockkit.worker import Worker
 
 EPILOG = f"""\
 Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},

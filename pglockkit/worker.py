@@ -34,24 +34,17 @@ from pglockkit._lanes import (
     Lane,
     LaneConnection,
     Outcome,
-    Settings,
     Watch,
+    WorkerBase,
     is_async,
     outcome,
-    takes_connection,
 )
 from pglockkit.connection import connect, connect_params
 from pglockkit.errors import PglockkitError
-from pglockkit.leases import default_holder
 from pglockkit.retry import backoff
 
 log = logging.getLogger("pglockkit.queue")
 
-# Defaults, shared with pglockkit.aio.Worker and the CLI.
-BATCH = 32
-GROUP = 32
-GROUP_TIME = 0.02
-LEASE = 60.0
 
 
 def first_line(exc: BaseException) -> str:
@@ -94,7 +87,7 @@ class _Heartbeat:
         self._conn.close()
 
 
-class Worker:
+class Worker(WorkerBase):
     """Claim, run, heartbeat, complete or fail; wake on NOTIFY, poll as a fallback; stop gracefully.
 
     ``handler(job, conn)`` runs inside a transaction on ``conn``, and the job's completion commits
@@ -122,59 +115,14 @@ class Worker:
     >>> Worker(dsn, "emails", send, concurrency=4).run()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        queue: str,
-        handler: Callable[..., Any],
-        *,
-        name: str | None = None,
-        concurrency: int = 1,
-        batch: int = BATCH,
-        group: int = GROUP,
-        group_time: float = GROUP_TIME,
-        lease: float | timedelta = LEASE,
-        poll_interval: float = 1.0,
-        reconnect_cap: float = 10.0,
-    ):
-        self.dsn = dsn
-        self.handler = handler
-        self.settings = Settings.checked(
-            queue,
-            name or default_holder(),
-            concurrency=concurrency,
-            batch=batch,
-            group=group,
-            group_time=group_time,
-            lease=lease,
-            poll_interval=poll_interval,
-            reconnect_cap=reconnect_cap,
-            exactly_once=takes_connection(handler),
-        )
-        self.queue, self.name = queue, self.settings.name
-        self.reconnects = 0
-        self._budget = Budget(None)
-        self._watch = Watch()
-        self._stopping = threading.Event()
+    def _ready(self) -> None:
         self._wake = threading.Condition()
         self._wakeups = 0
         self._delegate: Any = None
-        if is_async(handler):
+        if is_async(self.handler):
             from pglockkit.aio import Worker as AsyncWorker
 
-            self._delegate = AsyncWorker(
-                dsn,
-                queue,
-                handler,
-                name=self.name,
-                concurrency=concurrency,
-                batch=batch,
-                group=group,
-                group_time=group_time,
-                lease=lease,
-                poll_interval=poll_interval,
-                reconnect_cap=reconnect_cap,
-            )
+            self._delegate = AsyncWorker(self.dsn, self.queue, self.handler, **self.options)
 
     @property
     def processed(self) -> int:
@@ -194,11 +142,11 @@ class Worker:
         found the queue without a due job). Returns the number of jobs processed."""
         if self._delegate:
             return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
-        restore = self._install_signal_handlers()
         self._budget = Budget(max_jobs)
         s = self.settings
         app = f"pglockkit worker {s.queue}"
         listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")  # raises at once
+        restore = self._install_signal_handlers()
         lanes: list[threading.Thread] = []
         pool = heartbeat = None
         try:
