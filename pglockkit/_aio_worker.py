@@ -192,6 +192,7 @@ class Worker(WorkerBase):
                 self._budget.spend(1)
             except BaseException:
                 lane.abandon_group()
+                conn.in_job = False
                 if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                     await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
                 raise
@@ -199,7 +200,7 @@ class Worker(WorkerBase):
                 gen.close()
 
     async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
-        conn.pending_savepoint = request.savepoint
+        conn.pending_savepoint, conn.in_job = request.savepoint, True
         try:
             if self.settings.exactly_once:
                 await self.handler(request.job, conn)

@@ -112,6 +112,7 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | Non
     ``HandlerEndedTransaction`` when the handler committed or rolled back the group."""
     used = request.savepoint is not None and conn.pending_savepoint is None
     conn.pending_savepoint = None
+    conn.in_job = False
     if exc is not None:
         if exactly_once and (conn.closed or conn.broken):
             raise exc
@@ -125,6 +126,10 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | Non
     return Outcome(None, used)
 
 
+NOT_YOURS_TO_END = (
+    "a handler must not commit or roll back the worker's transaction: its writes commit with the "
+    "job's completion; use `with conn.transaction():` for a savepoint of its own"
+)
 HANDLER_ENDED_TRANSACTION = (
     "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave it open: "
     "its writes commit with the job's completion"
@@ -313,11 +318,22 @@ class LaneConnection(psycopg.Connection):
     use its connection costs no round trip, and one that does can be rolled back alone."""
 
     pending_savepoint: Call[None] | None = None
+    in_job = False  # a handler is running: commit() and rollback() are refused
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cursor_factory = _LaneCursor
         self.server_cursor_factory = _LaneServerCursor
+
+    def commit(self) -> None:
+        if self.in_job:
+            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+        super().commit()
+
+    def rollback(self) -> None:
+        if self.in_job:
+            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+        super().rollback()
 
     def savepoint_now(self) -> None:
         if self.pending_savepoint is not None:
@@ -368,11 +384,22 @@ class AsyncLaneConnection(psycopg.AsyncConnection):
     """``LaneConnection`` for ``pglockkit.aio.Worker``."""
 
     pending_savepoint: Call[None] | None = None
+    in_job = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cursor_factory = _AsyncLaneCursor
         self.server_cursor_factory = _AsyncLaneServerCursor
+
+    async def commit(self) -> None:
+        if self.in_job:
+            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+        await super().commit()
+
+    async def rollback(self) -> None:
+        if self.in_job:
+            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+        await super().rollback()
 
     async def savepoint_now(self) -> None:
         if self.pending_savepoint is not None:

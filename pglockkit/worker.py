@@ -234,6 +234,7 @@ class Worker(WorkerBase):
                 self._handler_ended_transaction(lane, conn, exc.args[0])
             except BaseException:
                 lane.abandon_group()
+                conn.in_job = False
                 if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                     _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
                 raise
@@ -241,7 +242,7 @@ class Worker(WorkerBase):
                 gen.close()
 
     def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
-        conn.pending_savepoint = request.savepoint
+        conn.pending_savepoint, conn.in_job = request.savepoint, True
         try:
             if self.settings.exactly_once:
                 self.handler(request.job, conn)

@@ -146,19 +146,27 @@ def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(t
     assert db.conn.execute("SELECT DISTINCT status, attempt FROM pglockkit.jobs").fetchall() == [("done", 1)]
 
 
-def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_on(tables, caplog):
+@pytest.mark.parametrize(
+    ("how", "error"),
+    [("commit()", "must not commit or roll back"), ("COMMIT", "ended the worker's transaction")],
+)
+def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_on(tables, how, error):
+    """conn.commit() and conn.rollback() are refused inside a handler, so its writes roll back
+    with its savepoint; a COMMIT sent as SQL is found afterwards and fails the job."""
     db = tables
     bad, good = q.enqueue_many(db.conn, "w", [{"commit": True}, {}])
 
     def handler(job, conn):
         conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
         if job.payload.get("commit"):
-            conn.commit()
+            conn.commit() if how == "commit()" else conn.execute("COMMIT")
 
     assert pglockkit.Worker(db.dsn, "w", handler, batch=1).run(max_jobs=2) == 2
     row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()
-    assert row[0] == "queued" and "ended the worker's transaction" in row[1]
+    assert row[0] == "queued" and error in row[1]
     assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (good,)).fetchone() == ("done",)
+    logged = {r[0] for r in db.conn.execute("SELECT job_id FROM done_log")}
+    assert logged == ({good} if how == "commit()" else {bad, good})  # refused: its insert rolled back
 
 
 def test_a_handler_that_swallows_a_database_error_fails_its_job(tables):
