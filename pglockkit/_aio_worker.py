@@ -162,7 +162,7 @@ class Worker(WorkerBase):
 
     async def _pause(self, failures: int, what: str) -> int:
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
-        self.reconnects += 1
+        self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), pause)

@@ -236,7 +236,7 @@ class WorkerBase:
         }
         self.settings = Settings.checked(queue, exactly_once=takes_connection(handler), **self.options)
         self.queue, self.name = queue, self.settings.name
-        self.reconnects = 0
+        self._reconnects = 0
         self._budget = Budget(None)
         self._watch = Watch()
         self._stopping = threading.Event()
@@ -246,6 +246,11 @@ class WorkerBase:
     def processed(self) -> int:
         """Jobs whose outcome (done or a failed attempt) has committed."""
         return self._budget.processed
+
+    @property
+    def reconnects(self) -> int:
+        """Pauses after a lost connection or a failed statement, all lanes together."""
+        return self._reconnects
 
     def _check_handler(self, handler: Callable[..., Any]) -> None:
         """Raises ``TypeError`` for a handler this worker cannot run."""

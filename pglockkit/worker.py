@@ -129,6 +129,11 @@ class Worker(WorkerBase):
         """Jobs whose outcome (done or a failed attempt) has committed."""
         return self._delegate.processed if self._delegate else self._budget.processed
 
+    @property
+    def reconnects(self) -> int:
+        """Pauses after a lost connection or a failed statement, all lanes together."""
+        return self._delegate.reconnects if self._delegate else self._reconnects
+
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
         Safe from any thread and from a signal handler."""
@@ -211,7 +216,7 @@ class Worker(WorkerBase):
 
     def _pause(self, failures: int, what: str) -> int:
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
-        self.reconnects += 1
+        self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
         self._stopping.wait(pause)
         return failures + 1

@@ -297,3 +297,32 @@ def test_a_job_cancelled_while_it_runs_alone_has_its_writes_rolled_back(tables):
     assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (job_id,)).fetchone() == (
         "cancelled",
     )
+
+
+@pytest.mark.parametrize("handler", [record, span_async], ids=["threads", "asyncio"])
+def test_lanes_whose_backends_are_terminated_reconnect_and_every_job_is_done_once(tables, handler):
+    """pg_terminate_backend on every lane's backend, twice, while 4 lanes drain 300 jobs: the
+    open groups are lost and their jobs run again after their (short) lease; each is done once."""
+    db = tables
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.01}] * 300)
+    worker = pglockkit.Worker(db.dsn, "w", handler, concurrency=4, lease=1.0, reconnect_cap=0.2)
+    thread = threading.Thread(target=worker.run)  # until stopped: lost jobs come back after their lease
+    thread.start()
+    terminated = 0
+    for _ in range(2):
+        time.sleep(0.4)
+        terminated += db.conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'pglockkit worker w'"
+        ).fetchone()[0]
+    deadline = time.monotonic() + 60
+    while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    worker.stop()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert terminated >= 4 and worker.reconnects >= 1
+    table = "done_log" if handler is record else "spans"
+    assert db.conn.execute(f"SELECT count(*), count(DISTINCT job_id) FROM {table}").fetchone() == (300, 300)
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE attempt > 1").fetchone()[0] > 0
