@@ -21,11 +21,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pglockkit import _calls
 from pglockkit._calls import Job
+from pglockkit._lane_connection import AsyncLaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
-    AsyncLaneConnection,
     Budget,
     Handle,
     HandlerEndedTransaction,

@@ -41,13 +41,11 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
@@ -126,10 +124,6 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | Non
     return Outcome(None, used)
 
 
-NOT_YOURS_TO_END = (
-    "a handler must not commit or roll back the worker's transaction: its writes commit with the "
-    "job's completion; use `with conn.transaction():` for a savepoint of its own"
-)
 HANDLER_ENDED_TRANSACTION = (
     "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave it open: "
     "its writes commit with the job's completion"
@@ -312,144 +306,6 @@ class Watch:
     def jobs(self) -> list[Job]:
         with self._lock:
             return list(self._jobs.values())
-
-
-# --- a lane's connection: the running job's savepoint, made when the handler first needs it ----
-
-
-class LaneConnection(psycopg.Connection):
-    """A lane's connection. Before the handler's first statement (any cursor, ``transaction()``
-    or ``pipeline()``), it creates the running job's savepoint, so that a handler that does not
-    use its connection costs no round trip, and one that does can be rolled back alone."""
-
-    pending_savepoint: Call[None] | None = None
-    in_job = False  # a handler is running: commit() and rollback() are refused
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = _LaneCursor
-        self.server_cursor_factory = _LaneServerCursor
-
-    def commit(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        super().commit()
-
-    def rollback(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        super().rollback()
-
-    def savepoint_now(self) -> None:
-        if self.pending_savepoint is not None:
-            call, self.pending_savepoint = self.pending_savepoint, None
-            with psycopg.Cursor(self) as cur:
-                cur.execute(call.query)
-
-    @contextmanager
-    def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
-        self.savepoint_now()
-        with super().transaction(*args, **kwargs) as tx:
-            yield tx
-
-    @contextmanager
-    def pipeline(self) -> Iterator[psycopg.Pipeline]:
-        self.savepoint_now()
-        with super().pipeline() as p:
-            yield p
-
-
-class _LaneCursor(psycopg.Cursor):
-    def execute(self, *args: Any, **kwargs: Any) -> Any:
-        self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return super().execute(*args, **kwargs)
-
-    def executemany(self, *args: Any, **kwargs: Any) -> None:
-        self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return super().executemany(*args, **kwargs)
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        self.connection.savepoint_now()  # type: ignore[attr-defined]
-        yield from super().stream(*args, **kwargs)
-
-    @contextmanager
-    def copy(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Copy]:
-        self.connection.savepoint_now()  # type: ignore[attr-defined]
-        with super().copy(*args, **kwargs) as copy:
-            yield copy
-
-
-class _LaneServerCursor(psycopg.ServerCursor):
-    def execute(self, *args: Any, **kwargs: Any) -> Any:
-        self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return super().execute(*args, **kwargs)
-
-
-class AsyncLaneConnection(psycopg.AsyncConnection):
-    """``LaneConnection`` for ``pglockkit.aio.Worker``."""
-
-    pending_savepoint: Call[None] | None = None
-    in_job = False
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = _AsyncLaneCursor
-        self.server_cursor_factory = _AsyncLaneServerCursor
-
-    async def commit(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        await super().commit()
-
-    async def rollback(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        await super().rollback()
-
-    async def savepoint_now(self) -> None:
-        if self.pending_savepoint is not None:
-            call, self.pending_savepoint = self.pending_savepoint, None
-            async with psycopg.AsyncCursor(self) as cur:
-                await cur.execute(call.query)
-
-    @asynccontextmanager
-    async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
-        await self.savepoint_now()
-        async with super().transaction(*args, **kwargs) as tx:
-            yield tx
-
-    @asynccontextmanager
-    async def pipeline(self) -> AsyncIterator[psycopg.AsyncPipeline]:
-        await self.savepoint_now()
-        async with super().pipeline() as p:
-            yield p
-
-
-class _AsyncLaneCursor(psycopg.AsyncCursor):
-    async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().execute(*args, **kwargs)
-
-    async def executemany(self, *args: Any, **kwargs: Any) -> None:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().executemany(*args, **kwargs)
-
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        async for row in super().stream(*args, **kwargs):
-            yield row
-
-    @asynccontextmanager
-    async def copy(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncCopy]:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        async with super().copy(*args, **kwargs) as copy:
-            yield copy
-
-
-class _AsyncLaneServerCursor(psycopg.AsyncServerCursor):
-    async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().execute(*args, **kwargs)
 
 
 # --- the lane ---------------------------------------------------------------------------------

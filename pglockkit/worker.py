@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pglockkit import _calls
 from pglockkit._calls import Job
+from pglockkit._lane_connection import LaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
@@ -32,7 +33,6 @@ from pglockkit._lanes import (
     Handle,
     HandlerEndedTransaction,
     Lane,
-    LaneConnection,
     Outcome,
     Watch,
     WorkerBase,
