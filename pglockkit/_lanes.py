@@ -281,9 +281,6 @@ class Budget:
             if self.max_jobs is not None:
                 self._reserved -= n
 
-    def exhausted(self) -> bool:
-        return self.max_jobs is not None and self.processed >= self.max_jobs
-
 
 class Watch:
     """The jobs a worker process has claimed and not yet finished: what its heartbeat extends."""
