@@ -57,13 +57,18 @@ def exactly_once_under_sigkill(
     seed: int = 7,
     timeout: float = 240,
     extra: tuple[str, ...] = (),
+    job_s: float = 0.002,
 ) -> dict[str, object]:
     """Enqueue ``total`` jobs on queue ``w`` (``conn`` needs table ``done_log``), drain them with
     ``workers`` worker processes (``pglockkit work`` with ``extra`` arguments) on ``worker_dsn``
     while a random one is SIGKILLed every 0.2-0.5 s and replaced. Returns kills, the stderr of
     workers that exited by themselves (``crashes``), recorded and distinct done_log rows, rows
-    whose token is not the job's final one, and jobs that were reclaimed."""
-    q.enqueue_many(conn, "w", [{}] * total)
+    whose token is not the job's final one, and jobs that were reclaimed. Each job sleeps
+    ``job_s`` in its handler."""
+    # Each job takes ``job_s``: the drain lasts long enough that kills land on workers holding
+    # claims (no-op jobs drain in a few tenths of a second, and a kill could find only workers
+    # still starting, leaving nothing to reclaim).
+    q.enqueue_many(conn, "w", [{"sleep": job_s}] * total)
     rng = random.Random(seed)
     args = ("--batch", "5", "--lease", "1s", "--poll", "0.2", *extra)
     procs = [worker_proc(worker_dsn, *args) for _ in range(workers)]

@@ -129,7 +129,7 @@ def test_queue_exactly_once_through_transaction_pooling(db, bouncer):
     SIGKILLed every few hundred ms: every job done, recorded once, with its final claim's token."""
     b = bouncer("transaction", pool_size=6)
     db.conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
-    stats = exactly_once_under_sigkill(db.conn, b.dsn(), total=1000, workers=4, timeout=120)
+    stats = exactly_once_under_sigkill(db.conn, b.dsn(), total=1000, workers=4, timeout=120, job_s=0.01)
     assert stats["kills"] >= 3
     assert stats["crashes"] == []
     assert stats["recorded"] == stats["distinct"] == 1000
