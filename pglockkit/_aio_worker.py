@@ -188,6 +188,8 @@ class Worker(WorkerBase):
                 lane.abandon_group()
                 self._watch.remove([job])
                 log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
+                if conn.info.transaction_status != TransactionStatus.IDLE:  # one the handler began
+                    await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
                 await _calls.arun(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
                 self._budget.spend(1)
             except BaseException:
@@ -200,7 +202,7 @@ class Worker(WorkerBase):
                 gen.close()
 
     async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
-        conn.pending_savepoint, conn.in_job = request.savepoint, True
+        conn.start_job(request.savepoint)
         try:
             if self.settings.exactly_once:
                 await self.handler(request.job, conn)

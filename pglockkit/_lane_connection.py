@@ -1,5 +1,12 @@
 """A worker lane's connection: the running job's savepoint (or transaction) is made just before
-its handler's first statement, and the handler may not end the worker's transaction."""
+its handler's first statement, and the handler may not end the worker's transaction.
+
+Lane connections are in autocommit mode (the lane sends BEGIN itself), so a handler that sends
+``COMMIT`` or ``ROLLBACK`` as SQL leaves the connection idle, and its next statements would each
+commit on their own. Every statement of a handler first checks that the job's transaction is
+still open; one that finds it ended marks the connection, and the job fails however the handler
+goes on; the statement itself is refused, so nothing after the end is written (in autocommit, it
+would be at once)."""
 
 from __future__ import annotations
 
@@ -8,9 +15,14 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from pglockkit._calls import Call
 
+ENDED_BY_HANDLER = (
+    "the handler ended the worker's transaction (COMMIT or ROLLBACK sent as SQL); its later "
+    "statements are refused and the job fails"
+)
 NOT_YOURS_TO_END = (
     "a handler must not commit or roll back the worker's transaction: its writes commit with the "
     "job's completion; use `with conn.transaction():` for a savepoint of its own"
@@ -24,6 +36,7 @@ class LaneConnection(psycopg.Connection):
 
     pending_savepoint: Call[None] | None = None
     in_job = False  # a handler is running: commit() and rollback() are refused
+    ended_by_handler = False  # a statement of the handler found the job's transaction ended
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -40,11 +53,19 @@ class LaneConnection(psycopg.Connection):
             raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
         super().rollback()
 
+    def start_job(self, savepoint: Call[None] | None) -> None:
+        self.pending_savepoint, self.in_job, self.ended_by_handler = savepoint, True, False
+
     def savepoint_now(self) -> None:
+        """Make the running job's savepoint (or BEGIN) if it is still to be made; refuse a
+        statement once the handler has ended the job's transaction."""
         if self.pending_savepoint is not None:
             call, self.pending_savepoint = self.pending_savepoint, None
             with psycopg.Cursor(self) as cur:
                 cur.execute(call.query)
+        elif self.in_job and self.pgconn.transaction_status == TransactionStatus.IDLE:
+            self.ended_by_handler = True
+            raise psycopg.ProgrammingError(ENDED_BY_HANDLER)
 
     @contextmanager
     def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
@@ -90,6 +111,7 @@ class AsyncLaneConnection(psycopg.AsyncConnection):
 
     pending_savepoint: Call[None] | None = None
     in_job = False
+    ended_by_handler = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -106,11 +128,18 @@ class AsyncLaneConnection(psycopg.AsyncConnection):
             raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
         await super().rollback()
 
+    def start_job(self, savepoint: Call[None] | None) -> None:
+        self.pending_savepoint, self.in_job, self.ended_by_handler = savepoint, True, False
+
     async def savepoint_now(self) -> None:
+        """``LaneConnection.savepoint_now``."""
         if self.pending_savepoint is not None:
             call, self.pending_savepoint = self.pending_savepoint, None
             async with psycopg.AsyncCursor(self) as cur:
                 await cur.execute(call.query)
+        elif self.in_job and self.pgconn.transaction_status == TransactionStatus.IDLE:
+            self.ended_by_handler = True
+            raise psycopg.ProgrammingError(ENDED_BY_HANDLER)
 
     @asynccontextmanager
     async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:

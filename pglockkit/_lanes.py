@@ -111,16 +111,17 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | Non
     used = request.savepoint is not None and conn.pending_savepoint is None
     conn.pending_savepoint = None
     conn.in_job = False
+    if not exactly_once:
+        return Outcome(None if exc is None else error_text(exc), used)
+    if exc is not None and (conn.closed or conn.broken):
+        raise exc
+    status = conn.info.transaction_status
+    if conn.ended_by_handler or (status == TransactionStatus.IDLE and (used or not request.begins)):
+        raise HandlerEndedTransaction(request.job)
     if exc is not None:
-        if exactly_once and (conn.closed or conn.broken):
-            raise exc
         return Outcome(error_text(exc), used)
-    if exactly_once:
-        status = conn.info.transaction_status
-        if status == TransactionStatus.IDLE and (used or not request.begins):
-            raise HandlerEndedTransaction(request.job)
-        if status == TransactionStatus.INERROR:
-            return Outcome(ABORTED_BY_HANDLER, used)
+    if status == TransactionStatus.INERROR:
+        return Outcome(ABORTED_BY_HANDLER, used)
     return Outcome(None, used)
 
 

@@ -46,7 +46,6 @@ from pglockkit.retry import backoff
 log = logging.getLogger("pglockkit.queue")
 
 
-
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -247,7 +246,7 @@ class Worker(WorkerBase):
                 gen.close()
 
     def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
-        conn.pending_savepoint, conn.in_job = request.savepoint, True
+        conn.start_job(request.savepoint)
         try:
             if self.settings.exactly_once:
                 self.handler(request.job, conn)
@@ -265,6 +264,8 @@ class Worker(WorkerBase):
         lane.abandon_group()
         self._watch.remove([job])
         log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
+        if conn.info.transaction_status != TransactionStatus.IDLE:  # one the handler began itself
+            _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
         _calls.run(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
         self._budget.spend(1)
 

@@ -146,27 +146,71 @@ def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(t
     assert db.conn.execute("SELECT DISTINCT status, attempt FROM pglockkit.jobs").fetchall() == [("done", 1)]
 
 
-@pytest.mark.parametrize(
-    ("how", "error"),
-    [("commit()", "must not commit or roll back"), ("COMMIT", "ended the worker's transaction")],
-)
-def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_on(tables, how, error):
+ENDINGS = {  # how a handler tries to end the worker's transaction -> (the job's error, first insert kept)
+    "commit()": ("must not commit or roll back", False),  # refused: rolled back with its savepoint
+    "rollback()": ("must not commit or roll back", False),
+    "COMMIT": ("ended the worker's transaction", True),  # sent as SQL: already committed
+    "ROLLBACK": ("ended the worker's transaction", False),
+    "ROLLBACK; BEGIN": ("ended the worker's transaction", False),  # a transaction of its own
+}
+
+
+async def _end_async(conn, how: str) -> None:
+    if how in ("commit()", "rollback()"):
+        await (conn.commit() if how == "commit()" else conn.rollback())
+    for statement in how.split("; "):
+        await conn.execute(statement)
+
+
+def _hiding(how: str):
+    """After COMMIT or ROLLBACK as SQL, a handler that swallows the refusal of its next statement."""
+    return contextlib.nullcontext() if how.endswith("()") else contextlib.suppress(psycopg.ProgrammingError)
+
+
+def _end(conn, how: str) -> None:
+    if how in ("commit()", "rollback()"):
+        return conn.commit() if how == "commit()" else conn.rollback()
+    for statement in how.split("; "):
+        conn.execute(statement)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+@pytest.mark.parametrize("how", list(ENDINGS))
+def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_on(tables, how, asynchronous):
     """conn.commit() and conn.rollback() are refused inside a handler, so its writes roll back
-    with its savepoint; a COMMIT sent as SQL is found afterwards and fails the job."""
+    with its savepoint; COMMIT or ROLLBACK sent as SQL is found by the handler's next statement,
+    which is refused (in autocommit it would be written at once), and the job fails. A BEGIN of
+    the handler's own after its ROLLBACK is rolled back too."""
     db = tables
-    bad, good = q.enqueue_many(db.conn, "w", [{"commit": True}, {}])
+    error, kept = ENDINGS[how]
+    bad, good = q.enqueue_many(db.conn, "w", [{"end": True}, {}])
+    insert = "INSERT INTO done_log (job_id, token) VALUES (%s, %s)"
 
     def handler(job, conn):
-        conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
-        if job.payload.get("commit"):
-            conn.commit() if how == "commit()" else conn.execute("COMMIT")
+        conn.execute(insert, (job.id, 1))
+        if job.payload.get("end"):
+            with _hiding(how):
+                _end(conn, how)
+            conn.execute(insert, (job.id, 2))
 
-    assert pglockkit.Worker(db.dsn, "w", handler, batch=1).run(max_jobs=2) == 2
+    async def ahandler(job, conn):
+        await conn.execute(insert, (job.id, 1))
+        if job.payload.get("end"):
+            with _hiding(how):
+                await _end_async(conn, how)
+            await conn.execute(insert, (job.id, 2))
+
+    if asynchronous:
+        assert asyncio.run(aio.Worker(db.dsn, "w", ahandler, batch=1).run(max_jobs=2)) == 2
+    else:
+        assert pglockkit.Worker(db.dsn, "w", handler, batch=1).run(max_jobs=2) == 2
     row = db.conn.execute("SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()
     assert row[0] == "queued" and error in row[1]
     assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (good,)).fetchone() == ("done",)
-    logged = {r[0] for r in db.conn.execute("SELECT job_id FROM done_log")}
-    assert logged == ({good} if how == "commit()" else {bad, good})  # refused: its insert rolled back
+    logged = set(db.conn.execute("SELECT job_id, token FROM done_log").fetchall())
+    assert logged == {(good, 1)} | ({(bad, 1)} if kept else set())
+    idle_in_transaction = "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in%'"
+    assert db.conn.execute(idle_in_transaction).fetchone()[0] == 0
 
 
 def test_a_handler_that_swallows_a_database_error_fails_its_job(tables):
