@@ -370,3 +370,58 @@ def test_lanes_whose_backends_are_terminated_reconnect_and_every_job_is_done_onc
     table = "done_log" if handler is record else "spans"
     assert db.conn.execute(f"SELECT count(*), count(DISTINCT job_id) FROM {table}").fetchone() == (300, 300)
     assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE attempt > 1").fetchone()[0] > 0
+
+
+@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once", "asyncio"])
+def test_a_worker_survives_its_running_job_being_cancelled_and_pruned(tables, mode):
+    """Another session cancels a running job and prunes it (its row is gone): completing or
+    failing it then finds no such job. The worker logs that and goes on with the others; nothing
+    it ran for the pruned job is kept (exactly once) and every other job is done once."""
+    db = tables
+    gone, *rest = q.enqueue_many(db.conn, "w", [{"sleep": 0.8, "fail": True}] + [{}] * 5)
+
+    def failing(job, conn):  # the pruned job fails: its fail_job finds no row either
+        record(job, conn)
+        if job.payload.get("fail"):
+            raise RuntimeError("boom")
+
+    def at_least_once(job):
+        time.sleep(job.payload.get("sleep", 0))
+        if job.payload.get("fail"):
+            raise RuntimeError("boom")
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
+
+    async def failing_async(job, conn):
+        await asyncio.sleep(job.payload.get("sleep", 0))
+        await conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
+        if job.payload.get("fail"):
+            raise RuntimeError("boom")
+
+    handler = {"exactly-once": failing, "at-least-once": at_least_once, "asyncio": failing_async}[mode]
+    worker = pglockkit.Worker(db.dsn, "w", handler, concurrency=2, lease=0.3, reconnect_cap=0.2)
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            worker.run(exit_when_idle=True)
+        except BaseException as exc:  # the test reports it
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    status = "SELECT status, attempt FROM pglockkit.jobs WHERE id = %s"
+    while db.conn.execute(status, (gone,)).fetchone() != ("running", 1):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert q.cancel(db.conn, gone) is True
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('0 seconds', 'w')").fetchone()[0] >= 1
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE id = %s", (gone,)).fetchone()[0] == 0
+    # A long job after it: done on its first attempt only if the heartbeat still renews leases.
+    slow = q.enqueue(db.conn, "w", {"sleep": 1.2})
+    thread.join(30)
+    assert not thread.is_alive() and errors == []
+    logged = [r[0] for r in db.conn.execute("SELECT job_id FROM done_log ORDER BY job_id")]
+    assert logged == [*rest, slow]
+    assert db.conn.execute(status, (slow,)).fetchone() == ("done", 1)
