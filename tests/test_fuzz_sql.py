@@ -516,7 +516,7 @@ FUNCTIONS: dict[str, Fn] = {
     ),
     "lock_rows(regclass, bigint[], interval)": fn(
         [("tbl", regclass_arg()), ("ids", bigint_array_arg((5, 1, 2, 3))), timeout_p],
-        {NULL_, BAD, RANGE, "42703"},
+        {NULL_, BAD, RANGE, "42703", "42809", "42P01"},
         waits=True,
     ),
     "acquire_lease(text, text, interval, boolean)": fn(

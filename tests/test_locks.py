@@ -450,6 +450,86 @@ def test_lock_rows_takes_any_integer_id_column(db, id_type):
         assert conn.execute("SELECT pglockkit.lock_rows('counted', ARRAY[3, 1, 7])").fetchone()[0] == 2
 
 
+# Each relation lock_rows cannot lock rows of, and each bad id, gets a documented SQLSTATE and a
+# message naming the relation and the problem (before 0019: bare 42703, 42809, 0A000 or 22003
+# from the server, naming neither the call nor the fix).
+@pytest.mark.parametrize(
+    ("setup", "tbl", "ids", "sqlstate", "message"),
+    [
+        ("CREATE SEQUENCE tally", "tally", "ARRAY[1]", "42809", "public.tally is a sequence, not a table"),
+        (
+            "CREATE TABLE indexed (id bigint PRIMARY KEY)",
+            "indexed_pkey",
+            "ARRAY[1]",
+            "42809",
+            "public.indexed_pkey is an index, not a table",
+        ),
+        (
+            "CREATE TYPE pair AS (id bigint)",
+            "pair",
+            "ARRAY[1]",
+            "42809",
+            "public.pair is a composite type, not a",
+        ),
+        (
+            "CREATE MATERIALIZED VIEW frozen AS SELECT 1::bigint AS id",
+            "frozen",
+            "ARRAY[1]",
+            "42809",
+            "public.frozen is a materialized view, not a table",
+        ),
+        (
+            "CREATE TABLE base (id bigint); CREATE VIEW totals AS SELECT max(id) AS id FROM base",
+            "totals",
+            "ARRAY[1]",
+            "42809",
+            "rows of view public.totals cannot be locked",
+        ),
+        (
+            "CREATE TABLE unkeyed (key bigint)",
+            "unkeyed",
+            "ARRAY[1]",
+            "42703",
+            'table public.unkeyed has no column "id"',
+        ),
+        (
+            "CREATE TABLE by_oid (id oid PRIMARY KEY)",
+            "by_oid",
+            "ARRAY[1, 4294967296]",
+            "22003",
+            'id 4294967296 is out of range for column "id" of table public.by_oid \\(oid\\)',
+        ),
+        ("", "1", "ARRAY[1]", "42P01", "relation with OID 1 does not exist"),
+    ],
+)
+def test_lock_rows_names_a_relation_it_cannot_lock_rows_of(db, setup, tbl, ids, sqlstate, message):
+    if setup:
+        db.conn.execute(setup)
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.Error, match=message) as err:
+            conn.execute(f"SELECT pglockkit.lock_rows(%s::regclass, {ids})", (tbl,))
+        assert err.value.sqlstate == sqlstate
+        conn.execute("ROLLBACK")
+
+
+def test_lock_rows_locks_through_a_simple_view_and_a_partitioned_table(db):
+    db.conn.execute("CREATE TABLE parts (id bigint PRIMARY KEY) PARTITION BY RANGE (id)")
+    db.conn.execute("CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (100)")
+    db.conn.execute("INSERT INTO parts SELECT g FROM generate_series(1, 5) g")
+    db.conn.execute("CREATE VIEW parts_view AS SELECT id FROM parts WHERE id > 1")
+    db.conn.execute("CREATE TABLE by_oid (id oid PRIMARY KEY)")
+    db.conn.execute("INSERT INTO by_oid VALUES (4294967295)")
+    with db.connect() as conn, db.connect() as other, conn.transaction():
+        assert conn.execute("SELECT pglockkit.lock_rows('parts', ARRAY[2, 9])").fetchone()[0] == 1
+        assert conn.execute("SELECT pglockkit.lock_rows('parts_view', ARRAY[1, 3])").fetchone()[0] == 1
+        assert conn.execute("SELECT pglockkit.lock_rows('by_oid', ARRAY[4294967295])").fetchone()[0] == 1
+        other.execute("SET lock_timeout = '50ms'")
+        for table, row in (("parts", 2), ("parts", 3), ("by_oid", 4294967295)):
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(f"SELECT 1 FROM {table} WHERE id = {row} FOR UPDATE")
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 BAD_CALLS = [
