@@ -501,3 +501,30 @@ def test_plain_sql_version_runs_in_psql(db, script, expected):
         lines = proc.stdout.splitlines()
         for pattern in expected:
             assert any(re.fullmatch(pattern, line) for line in lines), f"{pattern!r} not in:\n{proc.stdout}"
+
+
+# --- the page ---------------------------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 -]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_recipes_page_names_only_files_tests_and_anchors_that_exist():
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", page, flags=re.MULTILINE)}
+    for target in re.findall(r"\]\(([^)]+)\)", page):
+        if target.startswith("#"):
+            assert target[1:] in anchors, target
+        else:
+            assert (ROOT / "docs" / target).exists(), target
+    paths = set(re.findall(r"`((?:examples|sql/examples|tests)/[\w./-]+)`", page))
+    assert paths and all((ROOT / p).exists() for p in paths), sorted(
+        p for p in paths if not (ROOT / p).exists()
+    )
+    for include in re.findall(r"`(two_phase_reservation\.\w+\.sql)`", page):
+        assert (ROOT / "sql" / "examples" / include).exists(), include
+    defined = set(re.findall(r"^def (test_\w+)", Path(__file__).read_text(), flags=re.MULTILINE))
+    named = set(re.findall(r"`(test_\w+)`", page))
+    assert named and named <= defined, sorted(named - defined)
+    assert "[docs/recipes.md](docs/recipes.md)" in (ROOT / "README.md").read_text()
