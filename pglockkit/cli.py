@@ -120,13 +120,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_uninstall(args: argparse.Namespace) -> int:
     if not args.yes:
         print(
-            "uninstall drops schema pglockkit and everything in it (jobs, leases, history); "
-            "pass --yes to confirm",
+            "uninstall drops schemas pglockkit and pglockkit_migrations and everything in them (jobs, "
+            "leases, history); pass --yes to confirm",
             file=sys.stderr,
         )
         return 2
-    rolled = uninstall(_dsn(args))
-    print(f"rolled back {len(rolled)} migration(s); no pglockkit objects remain")
+    done = uninstall(_dsn(args), cascade=args.cascade)
+    print(
+        f"dropped schemas pglockkit and pglockkit_migrations ({len(done.migrations)} migration(s) "
+        "applied); no pglockkit objects remain; roles pglockkit_user and pglockkit_admin are left"
+    )
+    if done.dropped:
+        print(f"--cascade also dropped {len(done.dropped)} object(s) of yours:")
+        for name in done.dropped:
+            print(f"  {name}")
     return 0
 
 
@@ -502,10 +509,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "uninstall",
         cmd_uninstall,
-        "roll back every migration, leaving no pglockkit object",
+        "drop every pglockkit object, in one transaction",
         parents=[conn_opts],
+        epilog="Refused (exit 1, error 2BP01, nothing changed) while objects outside pglockkit's schemas "
+        "depend on it, e.g. a view on pglockkit.queue_stats or a column default calling "
+        "pglockkit.lock_key: the error names them. The roles pglockkit_user and pglockkit_admin stay.",
     )
     p.add_argument("--yes", action="store_true", help="confirm: this drops all pglockkit data")
+    p.add_argument(
+        "--cascade", action="store_true", help="also drop the objects of yours that depend on pglockkit"
+    )
     p = add(
         "grant",
         cmd_grant,
