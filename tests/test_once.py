@@ -81,7 +81,7 @@ def test_a_signal_to_the_wrapper_reaches_the_command_and_the_slot_stays_taken(db
         TRAPPING,
         str(marker),
         str(int(sig)),
-        "4",
+        "6",  # seconds the command lingers after the signal
         "0",
     )
     try:
