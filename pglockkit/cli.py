@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,11 +17,12 @@ from pathlib import Path
 
 import psycopg
 
-from pglockkit import demo, embedded, locks, monitor, queue, runs
+from pglockkit import _calls, demo, embedded, locks, monitor, queue, runs
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, render_bundle, status, uninstall
+from pglockkit.leases import default_holder
 from pglockkit.worker import Worker
 
 EPILOG = f"""\
@@ -117,13 +120,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_uninstall(args: argparse.Namespace) -> int:
     if not args.yes:
         print(
-            "uninstall drops schema pglockkit and everything in it (jobs, leases, history); "
-            "pass --yes to confirm",
+            "uninstall drops schemas pglockkit and pglockkit_migrations and everything in them (jobs, "
+            "leases, history); pass --yes to confirm",
             file=sys.stderr,
         )
         return 2
-    rolled = uninstall(_dsn(args))
-    print(f"rolled back {len(rolled)} migration(s); no pglockkit objects remain")
+    done = uninstall(_dsn(args), cascade=args.cascade)
+    print(
+        f"dropped schemas pglockkit and pglockkit_migrations ({len(done.migrations)} migration(s) "
+        "applied); no pglockkit objects remain; roles pglockkit_user and pglockkit_admin are left"
+    )
+    if done.dropped:
+        print(f"--cascade also dropped {len(done.dropped)} object(s) of yours:")
+        for name in done.dropped:
+            print(f"  {name}")
     return 0
 
 
@@ -190,29 +200,125 @@ def cmd_once(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.job:
+        args.once_parser.error("JOB must not be empty")
+    if args.slot == "":
+        args.once_parser.error("--slot must not be empty (leave it out for today's date in UTC)")
     slot = args.slot or runs.today_utc()
-    with runs.run_once(_dsn(args), args.job, slot, args.holder) as run_id:
-        if run_id is None:
-            print(
-                f"pglockkit once: {args.job}/{slot} already ran or is running elsewhere; skipped",
-                file=sys.stderr,
-            )
-            return 0
+    return _Once(_dsn(args), args.job, slot, args.holder, command).run()
+
+
+# Signals that `once` passes on to its command, as a supervisor must: a deploy or a node drain
+# sends SIGTERM to the wrapper, and the slot must stay taken until the command has exited.
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Once:
+    """``pglockkit once``: wins the slot, runs the command, holds the slot's lock (its connection)
+    until the command has exited, records the outcome and exits with the command's status."""
+
+    def __init__(self, dsn: str, job: str, slot: str, holder: str | None, command: list[str]):
+        self.dsn, self.job, self.slot, self.holder, self.command = dsn, job, slot, holder, command
+        self.child: subprocess.Popen | None = None
+        self.pending: list[int] = []  # signals received while no command was running yet
+        self.received: list[int] = []  # signals received while it ran, passed on to it
+
+    def on_signal(self, signum: int, _frame) -> None:
+        # Runs in the main thread, between two bytecodes of run() (also while it waits).
+        child = self.child
+        if child is None:
+            self.pending.append(signum)
+        elif child.returncode is None:
+            self.received.append(signum)
+            if not (signum == signal.SIGINT and _in_terminal_foreground(child.pid)):
+                child.send_signal(signum)  # a no-op once the child is reaped
+
+    def run(self) -> int:
+        conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit run {self.job}")
+        with conn:
+            run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
+            if run_id is None:
+                _calls.run_event("skipped", self.job, self.slot, None)
+                print(
+                    f"pglockkit once: {self.job}/{self.slot} already ran or is running elsewhere; skipped",
+                    file=sys.stderr,
+                )
+                return 0
+            _calls.run_event("started", self.job, self.slot, run_id)
+            previous = {s: signal.signal(s, self.on_signal) for s in _FORWARDED}
+            try:
+                if self.pending:
+                    # Stopped before the command started: leave the run to the next pod. Closing the
+                    # connection frees the slot; the run shows as abandoned and is taken over.
+                    return 128 + self.pending[0]
+                code, detail = self.supervise()
+                ok = code == 0
+                if self.received:
+                    names = ", ".join(sorted({signal.Signals(s).name for s in self.received}))
+                    detail = f"{detail + '; ' if detail else ''}pglockkit once received {names}"
+                runs.finish_run(conn, run_id, ok, detail)
+                _calls.run_event("succeeded" if ok else "failed", self.job, self.slot, run_id)
+                return code
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    def supervise(self) -> tuple[int, str | None]:
+        """Run the command to its end; its exit status as a shell reports it, and a detail."""
         try:
-            code = subprocess.run(command).returncode
+            self.child = subprocess.Popen(self.command, preexec_fn=_die_with_parent())
         except OSError as exc:
-            print(f"pglockkit once: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
-            code = 127  # as a shell reports a command it cannot run
-        if code != 0:
-            # Recorded as failed by run_once; the exit status is the command's.
-            raise _CommandFailed(code)
-    return 0
+            print(f"pglockkit once: cannot run {self.command[0]!r}: {exc.strerror}", file=sys.stderr)
+            # As a shell reports it: 127 not found, 126 found but not executable.
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return code, f"cannot run {self.command[0]!r}: {exc.strerror} (exit status {code})"
+        for signum in self.pending:  # arrived while the command was being started
+            self.received.append(signum)
+            self.child.send_signal(signum)
+        self.pending.clear()
+        status = self.child.wait()
+        if status < 0:
+            name = signal.Signals(-status).name
+            return 128 - status, f"killed by {name} (exit status {128 - status})"
+        return status, None if status == 0 else f"exit status {status}"
 
 
-class _CommandFailed(Exception):
-    def __init__(self, code: int):
-        super().__init__(f"exit status {code}")
-        self.code = code
+def _in_terminal_foreground(pid: int) -> bool:
+    """Whether ``pid`` is in the foreground process group of this process's terminal. Then Ctrl-C's
+    SIGINT, which the terminal sends to that whole group, reached it already."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False  # no controlling terminal (cron, a container): the signal came from kill
+    try:
+        return os.tcgetpgrp(fd) == os.getpgid(pid)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _die_with_parent():
+    """On Linux, a ``preexec_fn`` that makes the kernel SIGKILL the command if the wrapper dies
+    (PR_SET_PDEATHSIG), so that a SIGKILLed wrapper, whose lock the server then frees, does not
+    leave its command running. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # fails only for a bad signal number
+        if os.getppid() != parent:  # the wrapper died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _print_rows(conn, query: str, params: tuple = ()) -> None:
@@ -403,10 +509,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "uninstall",
         cmd_uninstall,
-        "roll back every migration, leaving no pglockkit object",
+        "drop every pglockkit object, in one transaction",
         parents=[conn_opts],
+        epilog="Refused (exit 1, error 2BP01, nothing changed) while objects outside pglockkit's schemas "
+        "depend on it, e.g. a view on pglockkit.queue_stats or a column default calling "
+        "pglockkit.lock_key: the error names them. The roles pglockkit_user and pglockkit_admin stay.",
     )
     p.add_argument("--yes", action="store_true", help="confirm: this drops all pglockkit data")
+    p.add_argument(
+        "--cascade", action="store_true", help="also drop the objects of yours that depend on pglockkit"
+    )
     p = add(
         "grant",
         cmd_grant,
@@ -444,9 +556,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run COMMAND only if this process wins JOB's slot (like flock(1), across machines)",
         parents=[conn_opts],
         usage="pglockkit once JOB [--slot SLOT] [options] -- COMMAND [ARGS...]",
-        epilog="Everything after -- is the command. Exit status: COMMAND's (127 if it cannot be run), "
-        "or 0 when the slot already ran or another pod is running it.",
+        epilog="Everything after -- is the command. SIGTERM, SIGINT and SIGHUP are passed on to it, and "
+        "the slot stays taken until it has exited. Exit status: COMMAND's as a shell reports it (128 + N "
+        "when signal N killed it, 127 if it is not found, 126 if it cannot be run), or 0 when the slot "
+        "already ran or another pod is running it.",
     )
+    p.set_defaults(once_parser=p)
     p.add_argument("job", help="the job's name, e.g. nightly-aggregation")
     p.add_argument("--slot", help="the slot to run once (default: today's date in UTC)")
     p.add_argument("--holder", help="who runs it, shown in run history (default: host:pid)")
@@ -630,8 +745,6 @@ def main(argv: list[str] | None = None) -> int:
         if exc.diag.message_hint:
             print(f"hint: {exc.diag.message_hint}", file=sys.stderr)
         return 1
-    except _CommandFailed as exc:
-        return exc.code
     except embedded.EmbeddedUnavailable as exc:
         print(f"pglockkit: error: {exc}", file=sys.stderr)
         return 1

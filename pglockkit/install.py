@@ -19,6 +19,7 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import DatabaseURI
 
 from pglockkit.connection import connect
+from pglockkit.errors import PglockkitError
 from pglockkit.keys import lock_key, namespace_id
 
 log = logging.getLogger("pglockkit.install")
@@ -183,25 +184,140 @@ def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> 
     return f"{'revoked' if revoke else 'granted'} {group} {'from' if revoke else 'to'} {role}"
 
 
-def uninstall(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
-    """Roll back every applied migration and drop the migration state; returns the ids rolled back.
+class DependentObjects(PglockkitError):
+    """``uninstall`` refused (2BP01): objects outside pglockkit's schemas depend on it.
+    ``objects`` names each, with what of pglockkit it uses. Nothing was changed."""
 
-    Leaves no object of pglockkit's in the database. The cluster-wide role ``pglockkit_user``
-    stays (other databases may use it).
+    sqlstate = "2BP01"
+
+    def __init__(self, objects: list[str]):
+        listed = "".join(f"\n  {o}" for o in objects)
+        super().__init__(
+            f"uninstall refused: {len(objects)} object(s) outside pglockkit depend on it; "
+            f"nothing was changed:{listed}",
+            hint="drop or change them first, or uninstall with cascade (`pglockkit uninstall --yes "
+            "--cascade`) to drop them with pglockkit",
+        )
+        self.objects = objects
+
+
+@dataclass(frozen=True)
+class Uninstalled:
+    """What ``uninstall`` removed: the migrations that were applied (newest first) and the objects
+    outside pglockkit's schemas that ``cascade=True`` dropped with them."""
+
+    migrations: list[str]
+    dropped: list[str]
+
+
+KIT_SCHEMAS = ("pglockkit", MIGRATIONS_SCHEMA)
+
+# The schema of each object in pg_depend; rules, column defaults, triggers and policies have none of
+# their own and count as their table's, an operator family's members as the family's. Objects
+# without a schema (an extension, a cast, a publication's table) count as outside.
+_SCHEMA_OF = """
+    coalesce(
+        CASE {cls}
+            WHEN 'pg_catalog.pg_namespace'::pg_catalog.regclass THEN {oid}
+            WHEN 'pg_catalog.pg_rewrite'::pg_catalog.regclass THEN
+                (SELECT c.relnamespace FROM pg_catalog.pg_rewrite r
+                   JOIN pg_catalog.pg_class c ON c.oid = r.ev_class WHERE r.oid = {oid})
+            WHEN 'pg_catalog.pg_attrdef'::pg_catalog.regclass THEN
+                (SELECT c.relnamespace FROM pg_catalog.pg_attrdef a
+                   JOIN pg_catalog.pg_class c ON c.oid = a.adrelid WHERE a.oid = {oid})
+            WHEN 'pg_catalog.pg_trigger'::pg_catalog.regclass THEN
+                (SELECT c.relnamespace FROM pg_catalog.pg_trigger t
+                   JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid WHERE t.oid = {oid})
+            WHEN 'pg_catalog.pg_policy'::pg_catalog.regclass THEN
+                (SELECT c.relnamespace FROM pg_catalog.pg_policy p
+                   JOIN pg_catalog.pg_class c ON c.oid = p.polrelid WHERE p.oid = {oid})
+            WHEN 'pg_catalog.pg_amop'::pg_catalog.regclass THEN
+                (SELECT f.opfnamespace FROM pg_catalog.pg_amop o
+                   JOIN pg_catalog.pg_opfamily f ON f.oid = o.amopfamily WHERE o.oid = {oid})
+            WHEN 'pg_catalog.pg_amproc'::pg_catalog.regclass THEN
+                (SELECT f.opfnamespace FROM pg_catalog.pg_amproc o
+                   JOIN pg_catalog.pg_opfamily f ON f.oid = o.amprocfamily WHERE o.oid = {oid})
+            WHEN 'pg_catalog.pg_default_acl'::pg_catalog.regclass THEN
+                (SELECT a.defaclnamespace FROM pg_catalog.pg_default_acl a WHERE a.oid = {oid})
+        END,
+        (SELECT n.oid FROM pg_catalog.pg_namespace n
+          WHERE n.nspname = (pg_catalog.pg_identify_object({cls}, {oid}, 0)).schema))
+"""
+
+# Objects outside pglockkit's schemas that depend on an object inside them (a view on one of its
+# views, a column default calling one of its functions, a foreign key to one of its tables, an
+# extension installed into its schema), each named once with what it uses. Internal dependencies
+# (a table's TOAST table, in pg_toast) are parts of the kit's own objects. A view is named as
+# itself rather than as its rewrite rule. Run with search_path = pg_catalog, so names are qualified.
+_DEPENDENTS = f"""
+WITH kit AS (
+    SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (%s)
+), edges AS (
+    SELECT d.classid, d.objid, d.objsubid, d.refclassid, d.refobjid,
+           {_SCHEMA_OF.format(cls="d.classid", oid="d.objid")} AS dep_schema,
+           {_SCHEMA_OF.format(cls="d.refclassid", oid="d.refobjid")} AS ref_schema
+      FROM pg_catalog.pg_depend d
+     WHERE d.deptype NOT IN ('i', 'e', 'x')  -- internal: part of the object it depends on
+), outside AS (
+    SELECT CASE WHEN e.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND r.rulename = '_RETURN'
+                THEN pg_catalog.pg_describe_object('pg_catalog.pg_class'::pg_catalog.regclass, r.ev_class, 0)
+                ELSE pg_catalog.pg_describe_object(e.classid, e.objid, e.objsubid) END AS what,
+           pg_catalog.pg_describe_object(e.refclassid, e.refobjid, 0) AS uses
+      FROM edges e
+      LEFT JOIN pg_catalog.pg_rewrite r
+        ON e.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND r.oid = e.objid
+     WHERE e.ref_schema IN (SELECT oid FROM kit)
+       AND (e.dep_schema IS NULL OR e.dep_schema NOT IN (SELECT oid FROM kit))
+)
+SELECT what || ' (uses ' || string_agg(DISTINCT uses, ', ' ORDER BY uses) || ')'
+  FROM outside GROUP BY what ORDER BY what
+"""
+
+
+def _applied_migrations(conn: psycopg.Connection) -> list[str]:
+    """The ids of the applied migrations, newest first: yoyo's records, or a bundle install's."""
+    ids: set[str] = set()
+    for table in (f"{MIGRATIONS_SCHEMA}._yoyo_migration", BUNDLE_TABLE):
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
+            ids.update(r[0] for r in conn.execute(f"SELECT migration_id FROM {table}"))
+    return sorted(ids, reverse=True)
+
+
+def uninstall(dsn: str = "", *, cascade: bool = False, lock_timeout_s: float = 300.0) -> Uninstalled:
+    """Drop schemas ``pglockkit`` and ``pglockkit_migrations`` in one transaction: all or nothing.
+
+    Refuses with ``DependentObjects`` (2BP01), changing nothing, when objects outside those schemas
+    depend on pglockkit (a view on ``pglockkit.queue_stats``, a column default calling
+    ``pglockkit.lock_key``, a foreign key to one of its tables), unless ``cascade``: then those are
+    dropped too, and listed in the result. The cluster-wide roles ``pglockkit_user`` and
+    ``pglockkit_admin`` stay (other databases may use them).
     """
-    with _InstallLock(dsn, lock_timeout_s) as conn:
-        backend = _backend(dsn)
-        try:
-            backend.break_lock()
-            with backend.lock():
-                applied = backend.to_rollback(_migrations())
-                backend.rollback_migrations(applied)
-        finally:
-            backend.connection.close()
-        # A bundle install has no yoyo records: drop its schema directly.
-        conn.execute("DROP SCHEMA IF EXISTS pglockkit CASCADE")
-        conn.execute(f"DROP SCHEMA {MIGRATIONS_SCHEMA} CASCADE")
-    return [m.id for m in applied]
+    with _InstallLock(dsn, lock_timeout_s) as conn, conn.transaction():
+        conn.execute("SET LOCAL search_path = pg_catalog")
+        applied = _applied_migrations(conn)
+        # The locks DROP SCHEMA would take anyway, taken before the check: no view or foreign key on
+        # the kit's tables and views can be created between the check and the drop. (A view is
+        # locked alone by a no-op ALTER VIEW ... OWNER TO its owner: LOCK TABLE would lock the
+        # catalog views it reads too.) Nothing locks a function: a column default calling one,
+        # created in that instant, would go with the drop unnamed.
+        for rel, kind, owner in conn.execute(
+            "SELECT c.oid::regclass::text, c.relkind, pg_get_userbyid(c.relowner) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = ANY (%s) AND c.relkind IN ('r', 'p', 'v') ORDER BY c.oid",
+            (list(KIT_SCHEMAS),),
+        ).fetchall():
+            if kind == "v":
+                conn.execute(sql.SQL("ALTER VIEW {} OWNER TO {}").format(sql.SQL(rel), sql.Identifier(owner)))
+            else:
+                conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(rel)))
+        dependents = [r[0] for r in conn.execute(_DEPENDENTS, (list(KIT_SCHEMAS),))]
+        if dependents and not cascade:
+            raise DependentObjects(dependents)
+        for schema in KIT_SCHEMAS:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    for name in dependents:
+        log.info("uninstall dropped %s", name)
+    return Uninstalled(applied, dependents)
 
 
 BUNDLE_HEADER = """\

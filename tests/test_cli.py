@@ -102,3 +102,18 @@ def test_bundle_check(tmp_path):
     assert run("bundle", "--output", str(target)).returncode == 0
     assert run("bundle", "--check", "--output", str(target)).returncode == 0
     assert "BEGIN;" in target.read_text()
+
+
+def test_uninstall_refuses_while_a_user_view_depends_on_the_kit_then_cascade_drops_it(db):
+    db.conn.execute("CREATE VIEW public.my_stats AS SELECT * FROM pglockkit.queue_stats")
+    refused = run("uninstall", "--yes", "--dsn", db.dsn)
+    assert refused.returncode == 1, refused.stderr
+    assert "[2BP01]" in refused.stderr and "nothing was changed" in refused.stderr
+    assert "view public.my_stats (uses view pglockkit.queue_stats)" in refused.stderr
+    assert "--cascade" in refused.stderr and "Traceback" not in refused.stderr
+    assert "0 pending" in run("status", "--dsn", db.dsn).stdout
+    done = run("uninstall", "--yes", "--cascade", "--dsn", db.dsn)
+    assert done.returncode == 0, done.stderr
+    assert "no pglockkit objects remain" in done.stdout
+    assert "  view public.my_stats (uses view pglockkit.queue_stats)" in done.stdout
+    assert db.conn.execute("SELECT to_regnamespace('pglockkit')").fetchone()[0] is None

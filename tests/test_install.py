@@ -77,7 +77,7 @@ def test_eight_installers_at_once_all_succeed(empty_db):
 
 def test_uninstall_leaves_nothing_and_reinstall_works(empty_db):
     pglockkit.install(empty_db)
-    assert pglockkit.uninstall(empty_db) == ALL[::-1]
+    assert pglockkit.uninstall(empty_db).migrations == ALL[::-1]
     assert _objects(empty_db) == []
     assert pglockkit.install(empty_db) == ALL
     assert _objects(empty_db) != []
@@ -102,8 +102,84 @@ def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db)
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pglockkit'"
         ).fetchone()
         assert owner == ("app_owner",)
-    assert pglockkit.uninstall(dsn) == ALL[::-1]
+    assert pglockkit.uninstall(dsn).migrations == ALL[::-1]
     assert _objects(empty_db) == []
+
+
+def _kit_works(dsn: str) -> None:
+    """Every migration recorded, and a job goes through enqueue, claim and complete."""
+    assert all(s.applied for s in pglockkit.status(dsn))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job = conn.execute("SELECT pglockkit.enqueue_job('q', '{}')").fetchone()[0]
+        claimed = conn.execute("SELECT id, token FROM pglockkit.claim_job('q', 'w', '1 minute')").fetchall()
+        assert [c[0] for c in claimed] == [job]
+        assert conn.execute("SELECT pglockkit.complete_job(%s, %s)", claimed[0]).fetchone()[0] is True
+
+
+USER_OBJECTS = {
+    "view": (
+        "CREATE VIEW public.my_stats AS SELECT * FROM pglockkit.queue_stats",
+        "view public.my_stats (uses view pglockkit.queue_stats)",
+    ),
+    "column-default": (
+        "CREATE TABLE public.accounts (id int, k bigint DEFAULT pglockkit.lock_key('pglockkit', 'x'))",
+        "default value for column k of table public.accounts (uses function pglockkit.lock_key(text,text))",
+    ),
+    "foreign-key": (
+        "CREATE TABLE public.audit (job bigint REFERENCES pglockkit.jobs (id))",
+        "constraint audit_job_fkey on table public.audit (uses ",
+    ),
+    "extension": ("CREATE EXTENSION cube SCHEMA pglockkit", "extension cube (uses schema pglockkit)"),
+}
+
+
+@pytest.mark.parametrize("kind", USER_OBJECTS)
+def test_uninstall_refuses_while_user_objects_depend_on_the_kit_and_changes_nothing(db, kind):
+    ddl, named = USER_OBJECTS[kind]
+    db.conn.execute(ddl)
+    before = _objects(db.dsn)
+    with pytest.raises(pglockkit.PglockkitError) as err:
+        pglockkit.uninstall(db.dsn)
+    assert err.value.sqlstate == "2BP01"
+    assert [o for o in err.value.objects if o.startswith(named)] == err.value.objects, err.value.objects
+    assert named in str(err.value) and "cascade" in err.value.hint
+    assert _objects(db.dsn) == before  # all or nothing: nothing
+    _kit_works(db.dsn)
+
+
+def test_uninstall_with_cascade_drops_the_dependent_objects_and_names_them(db):
+    for ddl, _ in USER_OBJECTS.values():
+        db.conn.execute(ddl)
+    result = pglockkit.uninstall(db.dsn, cascade=True)
+    assert result.migrations == ALL[::-1]
+    assert len(result.dropped) == len(USER_OBJECTS)
+    for _, named in USER_OBJECTS.values():
+        assert any(d.startswith(named) for d in result.dropped), (named, result.dropped)
+    assert _objects(db.dsn) == []
+    assert db.conn.execute("SELECT to_regclass('public.my_stats')").fetchone()[0] is None
+    # The tables stay, without the default and the foreign key that used the kit.
+    assert db.conn.execute("SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef").fetchall() == []
+    db.conn.execute("INSERT INTO public.accounts VALUES (1)")
+    db.conn.execute("INSERT INTO public.audit VALUES (42)")
+
+
+def test_an_uninstall_that_fails_midway_leaves_the_kit_intact(db):
+    """A worker's open transaction holds a lock on the registry, which the last step drops: the
+    uninstall times out there, and every step before it is undone with it."""
+    before = _objects(db.dsn)
+    with db.connect(autocommit=False) as worker:
+        worker.execute("SELECT count(*) FROM pglockkit.namespaces")  # holds ACCESS SHARE
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            pglockkit.uninstall(make_conninfo(db.dsn, options="-c lock_timeout=1s"), lock_timeout_s=1)
+    assert _objects(db.dsn) == before
+    _kit_works(db.dsn)
+
+
+def test_uninstall_of_a_bundle_install(server):
+    dsn = server.dsn(server.create_database())
+    _psql_file(server, dsn, BUNDLE)
+    assert pglockkit.uninstall(dsn).migrations == ALL[::-1]
+    assert _objects(dsn) == []
 
 
 # Functions that change what every worker works with, or delete history: pglockkit_admin only.
