@@ -8,6 +8,7 @@ from pglockkit.connection import connect, resolve_dsn
 from pglockkit.errors import (
     Deadlock,
     InvalidArgument,
+    LimitExceeded,
     LockNotHeld,
     LockTimeout,
     NamespaceConflict,
@@ -16,7 +17,9 @@ from pglockkit.errors import (
     RetryableError,
     SerializationFailure,
     StaleToken,
+    UnknownJob,
     UnknownNamespace,
+    UnknownObject,
 )
 from pglockkit.install import install, status, uninstall
 from pglockkit.keys import lock_key, namespace_id
@@ -42,6 +45,7 @@ __all__ = [
     "InvalidArgument",
     "Job",
     "Lease",
+    "LimitExceeded",
     "LockNotHeld",
     "LockTimeout",
     "NamespaceConflict",
@@ -50,7 +54,9 @@ __all__ = [
     "RetryableError",
     "SerializationFailure",
     "StaleToken",
+    "UnknownJob",
     "UnknownNamespace",
+    "UnknownObject",
     "Worker",
     "acquire_lease",
     "backoff",

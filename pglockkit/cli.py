@@ -406,7 +406,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         _print_rows(
             conn,
             "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
-            "date_trunc('seconds', run_at) AS run_at, worker, left(payload::text, 40) AS payload, "
+            # As text: a run_at of +-infinity (stored before 0022) has no Python datetime.
+            "date_trunc('seconds', run_at)::text AS run_at, worker, left(payload::text, 40) AS payload, "
             "left(last_error, 40) AS last_error FROM pglockkit.jobs "
             "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",
             (args.queue, args.status, args.status, args.limit),

@@ -25,10 +25,26 @@ class InvalidArgument(PglockkitError, ValueError):
     """Bad input: a NULL (22004), an invalid value (22023) or one out of range (22003)."""
 
 
-class UnknownNamespace(PglockkitError, LookupError):
-    """The lock namespace is not registered (42704)."""
+class LimitExceeded(InvalidArgument):
+    """An argument over a size limit (54000): a job payload over ``max_payload_bytes``."""
+
+    sqlstate = "54000"
+
+
+class UnknownObject(PglockkitError, LookupError):
+    """Something named by the call does not exist (42704). The server's error says where it
+    looked (its schema and table fields); the subclasses below are chosen from that."""
 
     sqlstate = "42704"
+
+
+class UnknownNamespace(UnknownObject):
+    """The lock namespace is not registered (42704, table pglockkit.namespaces)."""
+
+
+class UnknownJob(UnknownObject):
+    """No job has this id (42704, table pglockkit.jobs): it never existed, or it finished and was
+    pruned. Its claim is gone; there is nothing left to complete, fail, extend or release."""
 
 
 class NamespaceConflict(PglockkitError):
@@ -92,7 +108,8 @@ _BY_SQLSTATE: dict[str, type[PglockkitError]] = {
     "22004": InvalidArgument,
     "22023": InvalidArgument,
     "22003": InvalidArgument,
-    "42704": UnknownNamespace,
+    "54000": LimitExceeded,
+    "42704": UnknownObject,
     "23505": NamespaceConflict,
     "55000": LockNotHeld,
     "PK001": StaleToken,
@@ -102,12 +119,21 @@ _BY_SQLSTATE: dict[str, type[PglockkitError]] = {
 }
 
 
+# 42704 by the table the server looked in (the error's SCHEMA and TABLE fields, set since 0022).
+_UNKNOWN_BY_TABLE: dict[tuple[str, str], type[UnknownObject]] = {
+    ("pglockkit", "namespaces"): UnknownNamespace,
+    ("pglockkit", "jobs"): UnknownJob,
+}
+
+
 def from_psycopg(exc: psycopg.Error) -> PglockkitError | psycopg.Error:
     """The pglockkit exception for a psycopg error, or the error itself if none maps."""
     cls = _BY_SQLSTATE.get(exc.sqlstate or "")
     if cls is None:
         return exc
     diag = exc.diag
+    if cls is UnknownObject:
+        cls = _UNKNOWN_BY_TABLE.get((diag.schema_name or "", diag.table_name or ""), UnknownObject)
     mapped = cls(diag.message_primary or str(exc), sqlstate=exc.sqlstate, hint=diag.message_hint)
     mapped.__cause__ = exc
     return mapped

@@ -71,6 +71,7 @@ UNKNOWN = "42704"
 LOCK = "55P03"
 CHECK = "23514"  # a name or key over 1024 bytes, a namespace lock_timeout over 24 days (0011)
 TOO_FAR = "22008"  # an interval that takes now() +/- it out of the timestamp range (documented)
+TOO_BIG = "54000"  # a job payload over max_payload_bytes (0022)
 TIMEOUT = "57014"  # statement_timeout: a wait the test cut short (allowed only where calls wait)
 
 # --------------------------------------------------------------------------------------------
@@ -557,7 +558,7 @@ FUNCTIONS: dict[str, Fn] = {
             ("concurrency_key", text_arg(("k1", "k2"), indexed=True), True),
             ("concurrency_limit", int_arg((1, 2, 10000, 10001, 0)), True),
         ],
-        {NULL_, BAD, RANGE, CHECK},
+        {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
     "enqueue_jobs(text, jsonb[], timestamp with time zone, integer, integer)": fn(
         [
@@ -567,7 +568,7 @@ FUNCTIONS: dict[str, Fn] = {
             ("priority", int_arg(), True),
             ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
         ],
-        {NULL_, BAD, RANGE, CHECK},
+        {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
     "claim_job(text, text, interval, integer)": fn(
         [
@@ -622,6 +623,9 @@ FUNCTIONS: dict[str, Fn] = {
         [("retention", interval_arg(("0", "1 s", "7 days")), True)], {NULL_, BAD, TOO_FAR}
     ),
     "contention_report(interval)": fn([("since", interval_arg(("1 hour", "0")), True)], {TOO_FAR}),
+    "set_max_payload_bytes(integer)": fn(
+        [("bytes", int_arg((4096, 4095, 1048576, 268435455, 268435456, 0)))], {NULL_, RANGE}
+    ),
 }
 
 
@@ -1043,6 +1047,7 @@ FATAL_NULLS = {
     "retry_dead_jobs": ("queue",),
     "prune_jobs": ("older_than", "include_dead"),
     "sample": ("retention",),
+    "set_max_payload_bytes": ("bytes",),
 }
 
 

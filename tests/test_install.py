@@ -188,6 +188,7 @@ ADMIN_ONLY = {
     "pglockkit.prune_jobs",
     "pglockkit.retry_dead_jobs",
     "pglockkit.sample",
+    "pglockkit.set_max_payload_bytes",
 }
 
 
@@ -239,6 +240,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.renew_lease(text,text,bigint,interval)",
         "pglockkit.retry_dead_jobs(text,bigint[])",
         "pglockkit.sample(interval)",
+        "pglockkit.set_max_payload_bytes(integer)",
         "pglockkit.start_run(text,text,text)",
     ]
 

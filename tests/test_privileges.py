@@ -105,6 +105,7 @@ def test_a_worker_cannot_renew_release_or_take_another_holders_lease(db, as_role
         "pglockkit.prune_jobs('0 s')",
         "pglockkit.retry_dead_jobs('q')",
         "pglockkit.sample('0 s')",
+        "pglockkit.set_max_payload_bytes(4096)",
     ],
 )
 def test_only_the_admin_role_changes_the_registry_or_deletes_history(db, as_role, call):
