@@ -50,6 +50,7 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
+from pglockkit.errors import UnknownJob
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -483,13 +484,14 @@ class Lane:
         if not began:  # no writes to keep or undo: record it with the next claim, one round trip
             return (yield from self._record([job], [], begin=True))
         results, error = yield Pipeline([_calls.complete(job)])
-        if error is not None:
+        if error is not None and not isinstance(error, UnknownJob):
             raise error
-        if results[-1] is False:
+        if error is not None or results[-1] is False:
             log.warning(
-                "job %s: claim %s is stale (reclaimed or cancelled); its writes were rolled back",
+                "job %s: claim %s is %s; its writes were rolled back",
                 job.id,
                 job.token,
+                "gone (cancelled and pruned)" if error else "stale (reclaimed or cancelled)",
             )
             _, error = yield Pipeline([_calls.statement("ROLLBACK")])
             if error is not None:
@@ -520,6 +522,21 @@ class Lane:
                 failed.append((job, outcome.failure))
         return (yield from self._record(done, failed, begin=True))
 
+    def _fail_each(self, failed: list[tuple[Job, str]]) -> Generator[Pipeline, Any, None]:
+        """Record failures one by one (each commits alone): a job that another session cancelled
+        and pruned meanwhile (``UnknownJob``) is passed over instead of undoing the others."""
+        for job, failure in failed:
+            _, error = yield Pipeline([_calls.fail(job, failure, None)])
+            if error is not None and not isinstance(error, UnknownJob):
+                raise error
+            if error is not None:
+                log.warning("job %s: gone (cancelled and pruned) before its failure was recorded", job.id)
+            else:
+                log.info("job %s failed (attempt %d/%d): %s", job.id, job.attempt, job.max_attempts, failure)
+            self.running.remove(job)
+            self.watch.remove([job])
+            self.budget.spend(1)
+
     def _record(
         self, done: list[Job], failed: list[tuple[Job, str]], *, begin: bool, completed: Sequence[Job] = ()
     ) -> Generator[Pipeline, Any, str | None]:
@@ -540,6 +557,12 @@ class Lane:
         if error is not None:
             self.budget.give_back(n)
             if not n or len(results) <= n_outcomes:  # the outcomes themselves failed
+                if begin and failed and isinstance(error, UnknownJob):  # nothing else was in it
+                    _, error = yield Pipeline([_calls.statement("ROLLBACK")])
+                    if error is not None:
+                        raise error
+                    yield from self._fail_each(failed)
+                    return (yield from self._record(done, [], begin=True, completed=completed))
                 raise error
             log.warning("claim failed, retried later: %s", error)
             _, error = yield Pipeline([_calls.rollback_to(0), _calls.statement("COMMIT")])

@@ -425,3 +425,41 @@ def test_a_worker_survives_its_running_job_being_cancelled_and_pruned(tables, mo
     logged = [r[0] for r in db.conn.execute("SELECT job_id FROM done_log ORDER BY job_id")]
     assert logged == [*rest, slow]
     assert db.conn.execute(status, (slow,)).fetchone() == ("done", 1)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_an_at_least_once_failure_of_a_pruned_job_does_not_undo_the_groups_completions(tables, asynchronous):
+    """At least once: outcomes are recorded together. One failed job was cancelled and pruned
+    while it ran, so its fail_job finds no row (UnknownJob): the other jobs' completions are still
+    recorded at once (they do not come back after their lease) and the worker goes on."""
+    db = tables
+    gone, *rest = q.enqueue_many(db.conn, "w", [{"fail": True}] + [{}] * 4)
+    cancelled = threading.Event()
+
+    def prune(job_id):
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            assert q.cancel(conn, job_id) is True
+            conn.execute("SELECT pglockkit.prune_jobs('0 seconds', 'w')")
+        cancelled.set()
+
+    def handler(job):
+        if job.payload.get("fail"):
+            prune(job.id)
+            raise RuntimeError("boom")
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO done_log (job_id) VALUES (%s)", (job.id,))
+
+    async def ahandler(job):
+        await asyncio.to_thread(handler, job)
+
+    # Claims of 5 at once (the lane has timed no job yet: batch is the cap after the first).
+    kwargs = {"batch": 5, "group": 5, "group_time": 5.0, "lease": 30}
+    if asynchronous:
+        processed = asyncio.run(aio.Worker(db.dsn, "w", ahandler, **kwargs).run(exit_when_idle=True))
+    else:
+        processed = pglockkit.Worker(db.dsn, "w", handler, **kwargs).run(exit_when_idle=True)
+    assert cancelled.is_set() and processed == 5
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == rest
+    statuses = db.conn.execute("SELECT id, status FROM pglockkit.jobs ORDER BY id").fetchall()
+    assert [s for i, s in statuses if i in rest] == ["done"] * 4  # recorded, not left to their lease
+    assert gone not in [i for i, _ in statuses]
