@@ -3352,9 +3352,9 @@ DECLARE
     v_keyed   boolean;
     v_expired boolean;
     v_job     pglockkit.claimed_job;
-    v_found   boolean := false;
+    v_found   boolean;
     v_held    boolean;
-    v_pause   float8 := 0.001;
+    v_pause   float8;
 BEGIN
     -- (use_column: ON CONFLICT (queue, key) names columns; every parameter below is qualified.)
     -- The argument checks, as one expression when the arguments are good (each IF is an
@@ -3625,6 +3625,10 @@ BEGIN
     -- each key's row changes at most once per statement; a job whose key's row is held is not
     -- buried now, the next claim does it. A key with no row at all (deleted by hand) gets one.
     -- The statement ends with one row of NULLs if a key was passed over because its row was held.
+    -- (The variables of this path are set here, not declared with values: the fast paths above
+    -- would pay for that.)
+    v_found := false;
+    v_pause := 0.001;
     LOOP
         v_held := false;
         FOR v_job IN
@@ -3783,9 +3787,10 @@ BEGIN
             END IF;
         END LOOP;
         -- Nothing claimed only because key rows were held (for the moment of someone's commit, as
-        -- a rule): try again a few times rather than send the worker to sleep until its next
-        -- poll. Sleeping holds no lock that anyone could wait for... except the rows this claim
-        -- took and did not claim, which other claimers skip.
+        -- a rule): try again after 1, 2, 4 and 8 ms rather than send the worker to sleep until its
+        -- next poll. Meanwhile this transaction keeps the job rows it locked and did not claim:
+        -- other claimers skip them, a completion or cancel of one of them waits (for 15 ms at
+        -- most); this claim waits for nothing.
         EXIT WHEN v_found OR NOT v_held OR v_pause OPERATOR(pg_catalog.>) 0.008;
         PERFORM pg_catalog.pg_sleep(v_pause);
         v_pause := v_pause OPERATOR(pg_catalog.*) 2;

@@ -921,7 +921,7 @@ def test_racing_batch_claimers_with_expiring_leases_never_deadlock(db):
     theirs in key order: no deadlock, and still exactly once and within each key's limit."""
     race = _claim_race(db, 8)
     assert race["errors"] == {}  # before the fix: {'40P01': 7 to 13}
-    assert len(race["claims"]) > 2000  # the race really ran, and reclaimed:
+    assert len(race["claims"]) > 1000  # the race really ran, and reclaimed:
     assert len(race["claims"]) > len({c[0] for c in race["claims"]})
     assert race["over_limit"] == []
     _check_exactly_once(db, race)
