@@ -3,7 +3,9 @@ steps over several connections, and exactly-once completion while workers are SI
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import re
 import signal
 import threading
@@ -775,3 +777,360 @@ def test_jobs_scheduled_for_later_are_not_read_by_a_claim(db, later_priority):
     # The jobs_ready entries of 20,000 jobs fill about 100 pages; a claim's update and its index
     # entries take about 50.
     assert 0 < sum(buffers) < 80, buffers
+
+
+# --- racing batch claimers with expiring leases: no deadlock, exactly once, limits kept ----------
+
+
+def _claim_race(
+    db, seconds: float, *, claimers: int = 8, keys: int = 6, limit: int = 2, per_key: int = 400, during=None
+):
+    """`claimers` autocommit threads claim batches of 5 and 10 from a queue of keyed jobs (`keys`
+    keys, limit `limit`) and unkeyed ones, with leases of 1-20 ms; 30% of the claimed jobs are
+    abandoned (their lease expires and another claim takes them over, or buries them on their last
+    attempt), the rest completed one by one (odd threads) or all in one complete_jobs (even ones).
+    `during(conn)`, if given, runs in a loop on a thread of its own meanwhile.
+
+    Checks, as it goes, that the jobs in hand (claimed and not yet given up or completed, a subset
+    of what the server counts as running) never exceed a key's limit; returns every claim, every
+    successful completion and the errors by SQLSTATE."""
+
+    db.conn.execute(
+        "SELECT pglockkit.enqueue_job('race', jsonb_build_object('k', key), concurrency_key => key,"
+        " concurrency_limit => %s, max_attempts => CASE WHEN i %% 7 = 0 THEN 2 ELSE 1000 END)"
+        " FROM (SELECT i, 'k' || (i %% %s) AS key FROM generate_series(1, %s) i) s",
+        (limit, keys, keys * per_key),
+    )
+    q.enqueue_many(db.conn, "race", [{}] * 600, max_attempts=1000)
+    key_of: dict[int, str | None] = {}  # job id -> its key (from its payload)
+    lock = threading.Lock()
+    in_hand: dict[int, int] = {}  # job id -> token of the claim working on it
+    claims: list[tuple[int, int, float, object]] = []  # (job, token, lease s, lease_expires_at)
+    completed: list[tuple[int, int]] = []
+    errors: dict[str, int] = {}
+    over_limit: list[dict] = []
+    stop = time.monotonic() + seconds
+
+    def note_error(exc):
+        state = getattr(exc, "sqlstate", None) or type(exc).__name__
+        with lock:
+            errors[state] = errors.get(state, 0) + 1
+
+    def claimer(n):
+        rng = random.Random(n)
+        with db.connect() as conn:
+            while time.monotonic() < stop:
+                lease = rng.randint(1, 20) / 1000
+                try:
+                    jobs = q.claim(conn, "race", f"w{n}", lease=lease, batch=5 if n % 2 else 10)
+                except Exception as exc:
+                    note_error(exc)
+                    continue
+                keep = []
+                with lock:
+                    for job in jobs:
+                        key_of[job.id] = job.payload.get("k")
+                        claims.append((job.id, job.token, lease, job.lease_expires_at))
+                        if rng.random() < 0.3:
+                            in_hand.pop(job.id, None)  # abandoned: its lease will expire
+                            continue
+                        in_hand[job.id] = job.token
+                        keep.append(job)
+                    held: dict[str, int] = {}
+                    for job_id in in_hand:
+                        if key_of[job_id] is not None:
+                            held[key_of[job_id]] = held.get(key_of[job_id], 0) + 1
+                    if max(held.values(), default=0) > limit:
+                        over_limit.append(held)
+                with lock:
+                    for job in keep:
+                        if in_hand.get(job.id) == job.token:
+                            del in_hand[job.id]
+                try:
+                    if n % 2 == 0:
+                        ok = [(j.id, j.token) for j in keep if q.complete(conn, j)]
+                    else:
+                        done = q.complete_many(conn, keep)
+                        current = {j.id for j in keep}
+                        ok = [(j.id, j.token) for j in keep] if done == len(keep) else None
+                        if ok is None:  # some were stale: ask which claims ended done
+                            rows = conn.execute(
+                                "SELECT id, token FROM pglockkit.jobs WHERE id = ANY(%s) AND status = 'done'",
+                                (list(current),),
+                            ).fetchall()
+                            ok = [r for r in rows if (r[0], r[1]) in {(j.id, j.token) for j in keep}]
+                except Exception as exc:
+                    note_error(exc)
+                    continue
+                with lock:
+                    completed.extend(ok)
+
+    def guarded(n):
+        try:
+            claimer(n)
+        except Exception as exc:  # reported in the result: a thread's failure must fail the test
+            note_error(exc)
+
+    def side():
+        with db.connect() as conn:
+            while time.monotonic() < stop:
+                try:
+                    during(conn)
+                except Exception as exc:
+                    note_error(exc)
+
+    threads = [threading.Thread(target=guarded, args=(n,)) for n in range(claimers)]
+    if during is not None:
+        threads.append(threading.Thread(target=side))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"claims": claims, "completed": completed, "errors": errors, "over_limit": over_limit}
+
+
+def _check_exactly_once(db, race):
+    """Each claim of a job starts no earlier than the previous claim's lease ended (no two live
+    claims), every job completed at most once and by its last claim, and the per-key counts equal
+    the running jobs."""
+    by_job: dict[int, list] = {}
+    for job_id, token, lease, expires in race["claims"]:
+        by_job.setdefault(job_id, []).append((token, expires - timedelta(seconds=lease), expires))
+    overlapping = []
+    for job_id, rows in by_job.items():
+        rows.sort()
+        for (_, _, old_end), (_, new_start, _) in itertools.pairwise(rows):
+            if new_start < old_end:
+                overlapping.append(job_id)
+    assert overlapping == []
+    done = [job_id for job_id, _ in race["completed"]]
+    assert len(done) == len(set(done)), "a job completed twice"
+    last_token = {job_id: max(r[0] for r in rows) for job_id, rows in by_job.items()}
+    assert all(last_token[job_id] == token for job_id, token in race["completed"])
+    statuses = dict(db.conn.execute("SELECT id, status FROM pglockkit.jobs WHERE status = 'done'"))
+    assert set(statuses) == set(done)
+    assert _keys_consistent(db.conn)
+
+
+@pytest.mark.slow
+def test_racing_batch_claimers_with_expiring_leases_never_deadlock(db):
+    """Issue 13 item 3: batch claims reclaiming expired leases and reserving several keys, while
+    others complete jobs of those keys one by one or in one complete_jobs, deadlocked (40P01) a
+    few times in ten seconds: the key rows were locked in no fixed order. Now a claim never waits
+    for a key row (one another transaction holds is passed over this time) and completions lock
+    theirs in key order: no deadlock, and still exactly once and within each key's limit."""
+    race = _claim_race(db, 8)
+    assert race["errors"] == {}  # before the fix: {'40P01': 7 to 13}
+    assert len(race["claims"]) > 1000  # the race really ran, and reclaimed:
+    assert len(race["claims"]) > len({c[0] for c in race["claims"]})
+    assert race["over_limit"] == []
+    _check_exactly_once(db, race)
+
+
+# --- mixed limits on one key ----------------------------------------------------------------------
+
+
+def _claim_all(conn, queue, batch):
+    """Claim until a claim returns nothing; returns the payloads' names in claim order."""
+    got = []
+    while jobs := q.claim(conn, queue, "w", batch=batch):
+        got.extend(jobs)
+        if batch == 10:
+            break  # one batch claim takes all it may
+    return got
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+def test_mixed_limits_on_one_key_the_smallest_unfinished_limit_governs(db, batch):
+    """Issue 13 item 8: a key enqueued with limit 1 and then 3 ran 3 (the last claim's limit won).
+    The rule: a job of a key starts only while the key's running jobs are fewer than the smallest
+    limit among its queued and running jobs. Once the limit-1 job has finished, 3 run."""
+
+    def enqueue(name, limit):
+        return q.enqueue(db.conn, "t", {"n": name}, concurrency_key="K", concurrency_limit=limit)
+
+    enqueue("one", 1)
+    for i in range(4):
+        enqueue(f"three{i}", 3)
+    free = q.enqueue(db.conn, "t", {"n": "free"})
+    running = _claim_all(db.conn, "t", batch)
+    names = sorted(j.payload["n"] for j in running)
+    assert names == ["free", "one"]  # the unkeyed job is not held up behind the key
+    assert q.claim(db.conn, "t", "w", batch=batch) == []
+    assert _keys_consistent(db.conn)
+    assert q.complete(db.conn, next(j for j in running if j.payload["n"] == "one"))
+    # The limit-1 job finished: the key's smallest unfinished limit is 3 now.
+    running = _claim_all(db.conn, "t", batch)
+    assert sorted(j.payload["n"] for j in running) == ["three0", "three1", "three2"]
+    assert q.claim(db.conn, "t", "w", batch=batch) == []
+    row = db.conn.execute("SELECT running, lim FROM pglockkit.job_keys WHERE key = 'K'").fetchone()
+    assert row == (3, 3)
+    assert free is not None and _keys_consistent(db.conn)
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+def test_a_smaller_limit_enqueued_later_holds_new_starts_until_the_key_is_below_it(db, batch):
+    """Limit-3 jobs running; a limit-1 job arrives: nothing of the key starts (not even more
+    limit-3 jobs) until fewer than 1 run, i.e. none; then the limit-1 job runs alone (claim order),
+    and after it the limit-3 jobs run 3 at a time again. Jobs already running are not stopped."""
+
+    def enqueue(name, limit):
+        return q.enqueue(db.conn, "t", {"n": name}, concurrency_key="K", concurrency_limit=limit)
+
+    for i in range(2):
+        enqueue(f"early{i}", 3)
+    early = _claim_all(db.conn, "t", batch)
+    assert len(early) == 2
+    enqueue("one", 1)
+    for i in range(3):
+        enqueue(f"late{i}", 3)
+    assert q.claim(db.conn, "t", "w", batch=batch) == []  # 2 run, the smallest limit is 1
+    assert q.complete(db.conn, early[0])
+    assert q.claim(db.conn, "t", "w", batch=batch) == []  # 1 runs: still not below 1
+    assert q.complete(db.conn, early[1])
+    [one] = q.claim(db.conn, "t", "w", batch=batch)
+    assert one.payload["n"] == "one"
+    assert q.claim(db.conn, "t", "w", batch=batch) == []
+    assert q.complete(db.conn, one)
+    assert sorted(j.payload["n"] for j in _claim_all(db.conn, "t", batch)) == ["late0", "late1", "late2"]
+    assert _keys_consistent(db.conn)
+
+
+# --- pruning idle key rows --------------------------------------------------------------------------
+
+
+def _runs_keyed_statement(conn, queue, batch):
+    """Whether a claim of `queue` runs claim_job's per-key statement (not one of its fast paths).
+    The claim is rolled back."""
+    conn.execute("BEGIN")
+    try:
+        _, plans = _plans(conn, "SELECT id FROM pglockkit.claim_job(%s, 'w', '1 minute', %s)", (queue, batch))
+    finally:
+        conn.execute("ROLLBACK")
+    return "FOR NO KEY UPDATE OF k SKIP LOCKED" in plans
+
+
+def _key_rows(conn):
+    return dict(conn.execute("SELECT queue || '/' || key, running FROM pglockkit.job_keys").fetchall())
+
+
+def test_prune_jobs_deletes_idle_key_rows_and_the_batch_fast_path_comes_back(db):
+    """Issue 13 item 11: a key's row stayed forever, and kept claim_job's batch fast path off for
+    its queue. prune_jobs deletes the rows of keys with no queued or running job (whatever
+    older_than, in the queue given or all), and keeps the others."""
+    for key in ("idle", "queued", "running"):
+        q.enqueue(db.conn, "t", {"k": key}, concurrency_key=key, concurrency_limit=2)
+    q.enqueue(db.conn, "other", concurrency_key="idle", concurrency_limit=2)
+    jobs = {j.payload["k"]: j for j in q.claim(db.conn, "t", "w", batch=10)}
+    assert q.complete(db.conn, jobs["idle"])
+    assert q.release(db.conn, jobs["queued"])  # queued again
+    [other] = q.claim(db.conn, "other", "w")
+    assert q.complete(db.conn, other)
+    q.enqueue_many(db.conn, "t", [{}] * 3)
+    with db.connect() as conn:
+        assert _runs_keyed_statement(conn, "t", 2)  # a key row: the batch fast path is off
+    assert _key_rows(db.conn) == {"t/idle": 0, "t/queued": 0, "t/running": 1, "other/idle": 0}
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('1 day', 't')").fetchone()[0] == 0
+    assert _key_rows(db.conn) == {"t/queued": 0, "t/running": 1, "other/idle": 0}
+    assert db.conn.execute("SELECT pglockkit.prune_jobs('1 day')").fetchone()[0] == 0
+    assert _key_rows(db.conn) == {"t/queued": 0, "t/running": 1}
+    # The last keyed jobs of the queue finish: its key rows go, and batches take the fast path.
+    for job in q.claim(db.conn, "t", "w", batch=1):
+        assert job.payload["k"] == "queued" and q.complete(db.conn, job)
+    assert q.complete(db.conn, jobs["running"])
+    db.conn.execute("SELECT pglockkit.prune_jobs('1 day')")
+    assert _key_rows(db.conn) == {}
+    with db.connect() as conn:
+        assert not _runs_keyed_statement(conn, "t", 2)
+        assert len(q.claim(conn, "t", "w", batch=5)) == 3
+    # A key used again gets its row again, and its limit holds.
+    for _ in range(3):
+        q.enqueue(db.conn, "t", concurrency_key="idle", concurrency_limit=2)
+    assert len(q.claim(db.conn, "t", "w", batch=10)) == 2
+    assert _key_rows(db.conn) == {"t/idle": 2} and _keys_consistent(db.conn)
+
+
+def test_a_key_of_dead_jobs_loses_its_row_and_retry_dead_jobs_brings_it_back(db):
+    job_id = q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=1, max_attempts=1)
+    q.fail(db.conn, q.claim(db.conn, "t", "w")[0], "boom")
+    db.conn.execute("SELECT pglockkit.prune_jobs('1 day')")
+    assert _key_rows(db.conn) == {}
+    assert db.conn.execute("SELECT pglockkit.retry_dead_jobs('t')").fetchone()[0] == 1
+    assert db.conn.execute("SELECT key, running, lim FROM pglockkit.job_keys").fetchall() == [("k", 0, 1)]
+    q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=1)
+    [job] = q.claim(db.conn, "t", "w", batch=5)
+    assert job.id == job_id and _keys_consistent(db.conn)
+
+
+def test_an_enqueue_in_flight_keeps_its_key_row_from_pruning(db):
+    """An open transaction that enqueued a job of an idle key (whose row exists, running 0, no
+    other job) pins the row: prune_jobs passes it over, so the job, once committed, is claimed.
+    Without the pin (trigger jobs_pin_key dropped), the row went, and the job, in a queue left
+    without key rows, was never claimed."""
+    first = q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=1)
+    assert q.complete(db.conn, q.claim(db.conn, "t", "w")[0])
+    with db.connect() as enqueuer:
+        enqueuer.execute("BEGIN")
+        job_id = q.enqueue(enqueuer, "t", concurrency_key="k", concurrency_limit=1)
+        db.conn.execute("SET lock_timeout = '2s'")
+        started = time.monotonic()
+        db.conn.execute("SELECT pglockkit.prune_jobs('1 day')")
+        assert time.monotonic() - started < 1  # passed over, not waited for
+        enqueuer.execute("COMMIT")
+    assert _key_rows(db.conn) == {"t/k": 0}
+    [job] = q.claim(db.conn, "t", "w", batch=5)
+    assert job.id == job_id != first and _keys_consistent(db.conn)
+
+
+def test_an_enqueue_finding_its_key_row_being_pruned_creates_it_again(db):
+    """The other order: prune_jobs has deleted the idle row (not committed yet) when an enqueue
+    of that key comes: the enqueue waits for it, then creates the row again."""
+    q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=1)
+    assert q.complete(db.conn, q.claim(db.conn, "t", "w")[0])
+    with db.connect() as pruner:
+        pruner.execute("BEGIN")
+        pruner.execute("SELECT pglockkit.prune_jobs('1 day')")
+        done = {}
+        t = threading.Thread(
+            target=lambda: done.setdefault(
+                "id", q.enqueue(db.conn, "t", concurrency_key="k", concurrency_limit=1)
+            )
+        )
+        t.start()
+        time.sleep(0.2)
+        assert t.is_alive()  # waits for the pruning transaction
+        pruner.execute("COMMIT")
+        t.join(5)
+    [job] = q.claim(db.conn, "t", "w", batch=5)
+    assert job.id == done["id"] and _key_rows(db.conn) == {"t/k": 1}
+
+
+@pytest.mark.slow
+def test_pruning_key_rows_during_racing_claims_and_enqueues_never_breaks_limits(db):
+    """The race of the deadlock test, with few jobs per key (keys run dry) while another session
+    keeps enqueuing jobs of those keys and pruning idle key rows: limits hold, every job is
+    claimed exactly once at a time, and no queued or running keyed job is left without its row."""
+    rng = random.Random(7)
+    pruned = [0]
+
+    def prune_and_enqueue(conn):
+        before = conn.execute("SELECT count(*) FROM pglockkit.job_keys").fetchone()[0]
+        conn.execute("SELECT pglockkit.prune_jobs('1 day', 'race')")
+        pruned[0] += before - conn.execute("SELECT count(*) FROM pglockkit.job_keys").fetchone()[0]
+        for _ in range(rng.randint(0, 3)):
+            key = f"k{rng.randrange(6)}"
+            q.enqueue(conn, "race", {"k": key}, concurrency_key=key, concurrency_limit=2, max_attempts=1000)
+        time.sleep(0.002)
+
+    race = _claim_race(db, 6, per_key=20, during=prune_and_enqueue)
+    assert race["errors"] == {}
+    assert race["over_limit"] == []
+    assert pruned[0] > 20  # keys really went idle, were pruned and came back
+    _check_exactly_once(db, race)
+    orphans = db.conn.execute(
+        """SELECT count(*) FROM pglockkit.jobs j
+            WHERE j.concurrency_key IS NOT NULL AND j.status IN ('queued', 'running')
+              AND NOT EXISTS (SELECT FROM pglockkit.job_keys k
+                               WHERE k.queue = j.queue AND k.key = j.concurrency_key)"""
+    ).fetchone()[0]
+    assert orphans == 0
