@@ -50,7 +50,7 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
-from pglockkit.errors import UnknownJob
+from pglockkit.errors import RetryableError, UnknownJob
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -310,6 +310,7 @@ class Watch:
 # --- the lane ---------------------------------------------------------------------------------
 
 IDLE, STOPPED, SPENT = "idle", "stopped", "spent"
+CLAIM_TRIES = 5  # a claim of its own that conflicts (40001, 40P01) is sent again at once, this often
 
 
 @dataclass
@@ -409,7 +410,14 @@ class Lane:
         n = self._claim_size()
         if n == 0:  # stopping, or max_jobs reached or reserved by other lanes
             return STOPPED if self.stopping() else SPENT
-        results, error = yield Pipeline([self._claim(n)])
+        for attempt in range(CLAIM_TRIES):
+            results, error = yield Pipeline([self._claim(n)])
+            if not isinstance(error, RetryableError) or attempt == CLAIM_TRIES - 1:
+                break
+            # A claim conflicted (40001 under REPEATABLE READ or SERIALIZABLE as the database's
+            # default, where a row claimed after the statement's snapshot cannot be updated): it
+            # changed nothing, and the next statement has a new snapshot.
+            log.debug("claim conflicted, trying again: %s", error)
         if error is not None:
             self.budget.give_back(n)
             raise error
@@ -564,7 +572,9 @@ class Lane:
                     yield from self._fail_each(failed)
                     return (yield from self._record(done, [], begin=True, completed=completed))
                 raise error
-            log.warning("claim failed, retried later: %s", error)
+            (log.info if isinstance(error, RetryableError) else log.warning)(
+                "claim failed, retried later: %s", error
+            )
             _, error = yield Pipeline([_calls.rollback_to(0), _calls.statement("COMMIT")])
             if error is not None:
                 raise error
