@@ -23,7 +23,7 @@ from pglockkit.errors import (
 )
 from pglockkit.install import install, status, uninstall
 from pglockkit.keys import lock_key, namespace_id
-from pglockkit.leases import Lease, acquire_lease, check_fence, release_lease, renew_lease
+from pglockkit.leases import Lease, acquire_lease, check_fence, prune_leases, release_lease, renew_lease
 from pglockkit.locks import (
     lock_rows,
     namespaces,
@@ -35,7 +35,7 @@ from pglockkit.locks import (
 )
 from pglockkit.queue import Job
 from pglockkit.retry import backoff, retry
-from pglockkit.runs import finish_run, run_once, singleton, start_run
+from pglockkit.runs import finish_run, prune_runs, run_once, singleton, start_run
 from pglockkit.worker import Worker
 
 __version__ = "0.1.0"
@@ -68,6 +68,8 @@ __all__ = [
     "lock_rows",
     "namespace_id",
     "namespaces",
+    "prune_leases",
+    "prune_runs",
     "register_namespace",
     "release_lease",
     "renew_lease",

@@ -367,6 +367,10 @@ def check_fence(name: str, token: int) -> Call[None]:
     return Call("SELECT pglockkit.check_fence(%s, %s)", (name, token), decode=_nothing)
 
 
+def prune_leases(older_than: float | timedelta) -> Call[int]:
+    return Call("SELECT pglockkit.prune_leases(%s)", (seconds(older_than),))
+
+
 def lease_acquire_event(name: str, holder: str, token: int | None) -> None:
     state = "acquired" if token is not None else "busy"
     leases_log.info("lease %s name=%s holder=%s token=%s", state, name, holder, token)
@@ -503,6 +507,10 @@ def start_run(job: str, slot: str, holder: str) -> Call[int | None]:
 
 def finish_run(run_id: int, ok: bool, detail: str | None) -> Call[bool]:
     return Call("SELECT pglockkit.finish_run(%s, %s, %s)", (run_id, ok, detail))
+
+
+def prune_runs(older_than: float | timedelta) -> Call[int]:
+    return Call("SELECT pglockkit.prune_runs(%s)", (seconds(older_than),))
 
 
 def run_event(event: str, job: str, slot: str, run_id: int | None) -> None:

@@ -21,7 +21,7 @@ import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -32,7 +32,7 @@ from pglockkit._aio_worker import Worker
 from pglockkit._calls import Job, Timeout
 from pglockkit.connection import connect_params
 from pglockkit.errors import RetryableError
-from pglockkit.leases import _LeaseState, default_holder
+from pglockkit.leases import CALL_ERRORS, _LeaseState, default_holder
 from pglockkit.retry import check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
 
@@ -57,6 +57,8 @@ __all__ = [
     "finish_run",
     "lock_rows",
     "namespaces",
+    "prune_leases",
+    "prune_runs",
     "register_namespace",
     "release",
     "release_lease",
@@ -201,6 +203,11 @@ async def check_fence(conn: psycopg.AsyncConnection, name: str, token: int) -> N
     await _calls.arun(conn, _calls.check_fence(name, token))
 
 
+async def prune_leases(conn: psycopg.AsyncConnection, older_than: float | timedelta) -> int:
+    """Delete leases released or expired more than ``older_than`` ago (pglockkit_admin); how many."""
+    return await _calls.arun(conn, _calls.prune_leases(older_than))
+
+
 class Lease(_LeaseState):
     """``pglockkit.Lease`` for async code: renewed by an asyncio task, ``lost`` an ``asyncio.Event``.
 
@@ -242,12 +249,20 @@ class Lease(_LeaseState):
                 pass
             try:
                 ok = await renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
-            except psycopg.Error as exc:
+            except CALL_ERRORS as exc:
                 self._lose(_calls.renewal_error(exc))
+                await self._let_go()
                 return
-            if not ok:
+            if not ok:  # renew_lease has let go of this session's key already
                 self._lose(_calls.RENEWAL_REFUSED)
                 return
+
+    async def _let_go(self) -> None:
+        """``pglockkit.Lease._let_go``: release with the lost token, best effort."""
+        if self._conn.closed or self._conn.broken:
+            return
+        with suppress(*CALL_ERRORS):
+            await release_lease(self._conn, self.name, self.holder, self.token)
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
@@ -361,6 +376,11 @@ async def start_run(conn: psycopg.AsyncConnection, job: str, slot: str, holder: 
 async def finish_run(conn: psycopg.AsyncConnection, run_id: int, ok: bool, detail: str | None = None) -> bool:
     """Record the outcome; False if the run had already finished."""
     return await _calls.arun(conn, _calls.finish_run(run_id, ok, detail))
+
+
+async def prune_runs(conn: psycopg.AsyncConnection, older_than: float | timedelta) -> int:
+    """Delete runs that finished more than ``older_than`` ago (pglockkit_admin); how many."""
+    return await _calls.arun(conn, _calls.prune_runs(older_than))
 
 
 @asynccontextmanager

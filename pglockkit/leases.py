@@ -8,6 +8,7 @@ stopped by ``check_fence`` in its own transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -19,6 +20,11 @@ import psycopg
 
 from pglockkit import _calls
 from pglockkit.connection import connect, set_server_keepalives
+from pglockkit.errors import PglockkitError
+
+# What a call on the lease's own connection may raise: the driver's errors and the ones
+# pglockkit maps them to (a lock timeout, a serialization failure, ...).
+CALL_ERRORS = (psycopg.Error, PglockkitError)
 
 
 def default_holder() -> str:
@@ -47,6 +53,16 @@ def check_fence(conn: psycopg.Connection, name: str, token: int) -> None:
     """Inside the writer's transaction, before it writes: raises ``StaleToken`` unless ``token``
     is the live lease's, and holds the lease until the transaction ends."""
     _calls.run(conn, _calls.check_fence(name, token))
+
+
+def prune_leases(conn: psycopg.Connection, older_than: float | timedelta) -> int:
+    """Delete leases released or expired more than ``older_than`` ago (pglockkit_admin); how many.
+    Tokens never repeat: a pruned name's next token is larger than all it had.
+
+    >>> prune_leases(conn, timedelta(days=7))  # doctest: +SKIP
+    3
+    """
+    return _calls.run(conn, _calls.prune_leases(older_than))
 
 
 class _LeaseState:
@@ -116,7 +132,8 @@ class Lease(_LeaseState):
     ...             write(conn, chunk)
 
     Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal records
-    ``lost_reason``, calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``).
+    ``lost_reason``, calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``); the
+    lease then lets go of what it still holds (its session key, the row if nobody took it).
     ``bind_session=True`` also frees the lease as soon as this process's connection dies.
     """
 
@@ -146,12 +163,22 @@ class Lease(_LeaseState):
         while not self._stop.wait(self.renew_every):
             try:
                 ok = renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
-            except psycopg.Error as exc:
+            except CALL_ERRORS as exc:
                 self._lose(_calls.renewal_error(exc))
+                self._let_go()
                 return
-            if not ok:
+            if not ok:  # renew_lease has let go of this session's key already
                 self._lose(_calls.RENEWAL_REFUSED)
                 return
+
+    def _let_go(self) -> None:
+        """After a renewal that raised: release with the lost token, which frees the row if nobody
+        took it and the session's key if it is still held. Best effort: a dead connection took
+        both with it."""
+        if self._conn.closed or self._conn.broken:
+            return
+        with contextlib.suppress(*CALL_ERRORS):
+            release_lease(self._conn, self.name, self.holder, self.token)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -159,6 +186,8 @@ class Lease(_LeaseState):
             self._thread.join()
         try:
             if self.acquired and not self.lost.is_set():
+                # A lease lost unnoticed (check_fence raised StaleToken) is released as well:
+                # false, and the session's key let go of.
                 release_lease(self._conn, self.name, self.holder, self.token)
                 _calls.lease_release_event(self.name, self.holder, self.token)
         except psycopg.OperationalError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import psycopg
@@ -30,6 +30,16 @@ def start_run(conn: psycopg.Connection, job: str, slot: str, holder: str) -> int
 def finish_run(conn: psycopg.Connection, run_id: int, ok: bool, detail: str | None = None) -> bool:
     """Record the outcome; False if the run had already finished."""
     return _calls.run(conn, _calls.finish_run(run_id, ok, detail))
+
+
+def prune_runs(conn: psycopg.Connection, older_than: float | timedelta) -> int:
+    """Delete runs that finished more than ``older_than`` ago (pglockkit_admin); how many. A pruned
+    slot can run again: keep rows for as long as any pod may still start their slot.
+
+    >>> prune_runs(conn, timedelta(days=30))  # doctest: +SKIP
+    12
+    """
+    return _calls.run(conn, _calls.prune_runs(older_than))
 
 
 @contextmanager

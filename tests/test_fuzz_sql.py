@@ -527,12 +527,16 @@ FUNCTIONS: dict[str, Fn] = {
         session_locks=True,
     ),
     "renew_lease(text, text, bigint, interval)": fn(
-        [lease_name, lease_holder, lease_token, ("ttl", interval_arg())], {NULL_, BAD, RANGE}, waits=True
+        [lease_name, lease_holder, lease_token, ("ttl", interval_arg())],
+        {NULL_, BAD, RANGE},
+        waits=True,
+        session_locks=True,  # a refused renewal lets go of the session's key for the name
     ),
     "release_lease(text, text, bigint)": fn(
         [lease_name, lease_holder, lease_token], {NULL_, BAD}, waits=True, session_locks=True
     ),
     "check_fence(text, bigint)": fn([lease_name, lease_token], {NULL_, "PK001"}),
+    "prune_leases(interval)": fn([("older_than", interval_arg(("0", "1 s", "7 days")))], {NULL_, BAD}),
     "start_run(text, text, text)": fn(
         [
             ("job", text_arg(("j1", "live-job"), indexed=True)),
@@ -547,6 +551,7 @@ FUNCTIONS: dict[str, Fn] = {
         {NULL_, UNKNOWN},
         session_locks=True,
     ),
+    "prune_runs(interval)": fn([("older_than", interval_arg(("0", "1 s", "7 days")))], {NULL_, BAD}),
     "enqueue_job(text, jsonb, timestamp with time zone, integer, text, integer, text, integer)": fn(
         [
             new_queue_p,
@@ -743,11 +748,14 @@ SELECT v FROM (
    WHERE (status = 'running') <> (finished_at IS NULL) OR attempt < 1 OR finished_at < started_at
       OR status NOT IN ('running', 'succeeded', 'failed') OR job = '' OR slot = ''
   UNION ALL
-  SELECT format('lease %s: token %s, acquired %s, renewed %s, expires %s, released %s',
-                name, token, acquired_at, renewed_at, expires_at, released_at)
+  SELECT format('lease %s: token %s, acquired %s, renewed %s, expires %s, released %s, key %s',
+                name, token, acquired_at, renewed_at, expires_at, released_at, session_key)
     FROM pglockkit.leases
    WHERE token < 1 OR name = '' OR renewed_at < acquired_at OR expires_at <= renewed_at
-      OR released_at < acquired_at
+      OR released_at < acquired_at OR session_bound <> (session_key IS NOT NULL)
+  UNION ALL
+  SELECT format('lease %s token %s was never handed out (sequence at %s)', l.name, l.token, s.last_value)
+    FROM pglockkit.leases l, pglockkit.lease_tokens s WHERE l.token > s.last_value
   UNION ALL
   SELECT format('namespace %s (%s) is invalid', id, name) FROM pglockkit.namespaces
    WHERE id NOT BETWEEN 1 AND 32767 OR name !~ '^[a-z][a-z0-9_.:-]{0,62}$' OR lock_timeout <= interval '0'
@@ -764,7 +772,7 @@ EXPLAINED_LOCKS = """
 SELECT pglockkit._run_key(r.job, r.slot) FROM pglockkit.runs r
  WHERE r.status = 'running' AND r.holder_pid = pg_backend_pid()
 UNION ALL
-SELECT pglockkit._lease_session_key(l.name) FROM pglockkit.leases l
+SELECT l.session_key FROM pglockkit.leases l
  WHERE l.session_bound AND l.released_at IS NULL AND l.holder_pid = pg_backend_pid()
 """
 
@@ -914,18 +922,20 @@ class Fuzzer:
         explained = {r[0] for r in self.conn.execute(EXPLAINED_LOCKS)} | self.try_keys
         assert held <= explained, f"session advisory locks nobody accounts for: {sorted(held - explained)}"
         self.try_keys &= held  # unlocked ones are gone
-        # Lease tokens strictly increase per name, with every acquisition; leases are never deleted.
+        # Lease tokens strictly increase per name, with every acquisition, also across a row that
+        # prune_leases deleted (the last token seen is kept for a name whose row is gone).
         leases = {
             r[0]: (r[1], r[2])
             for r in self.conn.execute("SELECT name, token, acquired_at FROM pglockkit.leases")
         }
         for name, (token, acquired) in self.lease_tokens.items():
-            assert name in leases, f"lease {name!r} disappeared"
+            if name not in leases:
+                continue  # pruned
             new_token, new_acquired = leases[name]
             assert new_token >= token, f"lease {name!r} token went back from {token} to {new_token}"
             if new_acquired != acquired:
                 assert new_token > token, f"lease {name!r} re-acquired with the same token {token}"
-        self.lease_tokens = leases
+        self.lease_tokens = {**self.lease_tokens, **leases}
         # Job claim tokens only grow, and every new claim (new started_at) has a new, larger token.
         jobs = {
             r[0]: (r[1], r[2])

@@ -186,6 +186,8 @@ def test_uninstall_of_a_bundle_install(server):
 ADMIN_ONLY = {
     "pglockkit.register_namespace",
     "pglockkit.prune_jobs",
+    "pglockkit.prune_leases",
+    "pglockkit.prune_runs",
     "pglockkit.retry_dead_jobs",
     "pglockkit.sample",
     "pglockkit.set_max_payload_bytes",
@@ -205,6 +207,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit._h47(text)",
         "pglockkit._key(smallint,text)",
         "pglockkit._lease_session_key(text)",
+        "pglockkit._lease_session_key(text,integer)",
         "pglockkit._run_key(text,text)",
     }
     for sig, config, comment, acl, _ in rows:
@@ -234,6 +237,8 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.fail_job(bigint,bigint,text,interval)",
         "pglockkit.finish_run(bigint,boolean,text)",
         "pglockkit.prune_jobs(interval,text,boolean)",
+        "pglockkit.prune_leases(interval)",
+        "pglockkit.prune_runs(interval)",
         "pglockkit.register_namespace(text,integer,text,interval)",
         "pglockkit.release_job(bigint,bigint)",
         "pglockkit.release_lease(text,text,bigint)",

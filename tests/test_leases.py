@@ -3,6 +3,7 @@ clock, fencing of a stale writer, session-bound leases, the self-renewing Python
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from datetime import timedelta
@@ -12,7 +13,9 @@ import pytest
 from scenarios import lease_contenders
 
 import pglockkit
+import pglockkit.aio as aio
 from pglockkit import Lease, acquire_lease, check_fence, release_lease, renew_lease
+from pglockkit.install import migrations_dir
 
 
 def _leases(conn):
@@ -227,3 +230,215 @@ def test_rebinding_a_lease_in_the_same_session_takes_its_key_once(db):
         assert a.execute("SELECT pglockkit.release_lease('bl', 'a', %s)", (token,)).fetchone()[0] is True
         # One release frees the session key: another session can bind the lease at once.
         assert b.execute("SELECT pglockkit.acquire_lease('bl', 'b', '1 hour', true)").fetchone()[0] == 3
+
+
+def _advisory_locks_of(conn, pid: int) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND granted", (pid,)
+    ).fetchone()[0]
+
+
+def _stale_holder_is_fenced(conn, name: str, holder: str, token: int) -> None:
+    assert not renew_lease(conn, name, holder, token, 10)
+    assert not release_lease(conn, name, holder, token)
+    with pytest.raises(pglockkit.StaleToken) as err, conn.transaction():
+        check_fence(conn, name, token)
+    assert err.value.sqlstate == "PK001"
+
+
+def test_an_expired_bound_lease_is_taken_over_by_a_bound_acquirer_while_its_holder_lives(db):
+    """Issue 13 item 4: the holder stays connected past its ttl (a GC pause). Its expired lease is
+    free for a bound acquirer at once, with a larger token; the stale holder is fenced; and the
+    new holder's lease is still freed the moment its own backend dies."""
+    with db.connect() as a, db.connect() as b, db.connect() as c:
+        ta = acquire_lease(a, "gc", "a", timedelta(milliseconds=200), bind_session=True)
+        assert acquire_lease(b, "gc", "b", 60, bind_session=True) is None  # live: a's backend holds it
+        time.sleep(0.25)  # a pauses past its ttl, still connected
+        tb = acquire_lease(b, "gc", "b", 60, bind_session=True)
+        assert tb is not None and tb > ta
+        assert acquire_lease(c, "gc", "c", 60, bind_session=True) is None  # b's lease is live
+        # b's backend dies while a (stale) is still connected: b's lease is free at once.
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (b.info.backend_pid,))
+        deadline = time.monotonic() + 2
+        while (tc := acquire_lease(c, "gc", "c", 60, bind_session=True)) is None:
+            assert time.monotonic() < deadline, "bound lease still held 2 s after its backend died"
+            time.sleep(0.01)
+        assert tc > tb
+        _stale_holder_is_fenced(a, "gc", "a", ta)
+        assert _advisory_locks_of(db.conn, a.info.backend_pid) == 0, "the stale holder kept its key"
+        with c.transaction():
+            check_fence(c, "gc", tc)
+
+
+def test_an_expired_bound_lease_is_taken_over_unbound_and_then_bound(db):
+    with db.connect() as a, db.connect() as b, db.connect() as c:
+        ta = acquire_lease(a, "gc2", "a", timedelta(milliseconds=200), bind_session=True)
+        time.sleep(0.25)
+        tb = acquire_lease(b, "gc2", "b", 60)  # unbound
+        assert tb is not None and tb > ta
+        assert release_lease(b, "gc2", "b", tb)
+        # a is still connected and silent: a bound acquirer is not blocked by a's old binding.
+        tc = acquire_lease(c, "gc2", "c", 60, bind_session=True)
+        assert tc is not None and tc > tb
+        _stale_holder_is_fenced(a, "gc2", "a", ta)
+        assert _advisory_locks_of(db.conn, a.info.backend_pid) == 0
+
+
+def test_a_rolled_back_bound_acquire_blocks_no_one(db):
+    with db.connect() as r, db.connect() as c:
+        r.execute("BEGIN")
+        assert acquire_lease(r, "rb", "r", 60, bind_session=True) is not None
+        r.execute("ROLLBACK")  # the lease row is gone; a session lock outlives the transaction
+        tc = acquire_lease(c, "rb", "c", 60, bind_session=True)
+        assert tc is not None
+        with c.transaction():
+            check_fence(c, "rb", tc)
+        assert release_lease(c, "rb", "c", tc)
+        # r binds the lease again (on the key it kept) and one release leaves it nothing held.
+        tr = acquire_lease(r, "rb", "r", 60, bind_session=True)
+        assert tr is not None and tr > tc
+        assert release_lease(r, "rb", "r", tr)
+        assert _advisory_locks_of(db.conn, r.info.backend_pid) == 0
+
+
+def test_python_lease_lets_go_of_its_session_key_once_lost(db):
+    with Lease(db.dsn, "paused", ttl=0.2, holder="me", bind_session=True, renew_every=0.6) as lease:
+        pid = lease._conn.info.backend_pid
+        assert _advisory_locks_of(db.conn, pid) == 1
+        time.sleep(0.3)  # renewing less often than the ttl: a stalled process
+        with db.connect() as rival:
+            token = acquire_lease(rival, "paused", "rival", 60, bind_session=True)
+            assert token is not None and token > lease.token
+            assert lease.lost.wait(2)
+            assert "changed hands" in lease.lost_reason
+            assert _advisory_locks_of(db.conn, pid) == 0, "the lost lease's session key is still held"
+            assert release_lease(rival, "paused", "rival", token)
+
+
+def test_async_lease_lets_go_of_its_session_key_once_lost(db):
+    async def main():
+        async with aio.Lease(
+            db.dsn, "apaused", ttl=0.2, holder="me", bind_session=True, renew_every=0.6
+        ) as lease:
+            pid = lease._conn.info.backend_pid
+            assert _advisory_locks_of(db.conn, pid) == 1
+            await asyncio.sleep(0.3)
+            with db.connect() as rival:
+                token = acquire_lease(rival, "apaused", "rival", 60, bind_session=True)
+                assert token is not None and token > lease.token
+            await asyncio.wait_for(lease.lost.wait(), 2)
+            assert _advisory_locks_of(db.conn, pid) == 0, "the lost lease's session key is still held"
+
+    asyncio.run(main())
+
+
+def test_prune_leases_deletes_old_free_rows_and_tokens_still_increase(db):
+    """Issue 13 item 11: pruning. A name's next token stays larger than every token it had before
+    its row was pruned."""
+    with db.connect() as conn:
+        old = [acquire_lease(conn, "done", "h", 10)]
+        for _ in range(3):  # "done" is acquired and released a few times
+            assert release_lease(conn, "done", "h", old[-1])
+            old.append(acquire_lease(conn, "done", "h", 10))
+        assert release_lease(conn, "done", "h", old[-1])
+        expired = acquire_lease(conn, "expired", "h", timedelta(milliseconds=10))
+        live = acquire_lease(conn, "live", "h", 60)
+        dead_bound = acquire_lease(conn, "bound", "h", 60, bind_session=True)
+        time.sleep(0.05)
+        assert pglockkit.prune_leases(conn, 3600) == 0  # nothing free for an hour
+        assert pglockkit.prune_leases(conn, timedelta(0)) == 2
+        names = [r[0] for r in conn.execute("SELECT name FROM pglockkit.leases ORDER BY name")]
+        assert names == ["bound", "live"]  # live leases stay, a bound one until its ttl
+        with pytest.raises(pglockkit.StaleToken, match="no lease"), conn.transaction():
+            check_fence(conn, "expired", expired)
+        again = acquire_lease(conn, "done", "h", 10)
+        assert again > max(old) and again > max(live, dead_bound, expired)
+        assert acquire_lease(conn, "expired", "h", 10) > again
+
+
+def test_tokens_never_repeat_while_leases_are_pruned_under_contention(db):
+    """Acquirers take and release a few names in a loop while another session prunes every free
+    row as soon as it is free: no token is ever handed out twice, and each name's tokens increase
+    in the order its holders got them."""
+    names = ["p0", "p1", "p2"]
+    got: dict[str, list[int]] = {n: [] for n in names}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def acquirer(i: int) -> None:
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    name = names[i % len(names)]
+                    token = acquire_lease(conn, name, f"h{i}", 5)
+                    if token is not None:
+                        with conn.transaction():
+                            check_fence(conn, name, token)
+                            # Appended while the lease is held: the list is in holding order.
+                            got[name].append(token)
+                        assert release_lease(conn, name, f"h{i}", token)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def pruner() -> None:
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    pglockkit.prune_leases(conn, 0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=acquirer, args=(i,)) for i in range(6)]
+    threads.append(threading.Thread(target=pruner))
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    everything = [t for tokens in got.values() for t in tokens]
+    assert len(everything) >= 30
+    assert len(set(everything)) == len(everything), "a token was handed out twice"
+    for name, tokens in got.items():
+        assert tokens == sorted(tokens), f"{name}: tokens out of order"
+
+
+@pytest.mark.parametrize(("older_than", "sqlstate"), [(None, "22004"), (timedelta(seconds=-1), "22023")])
+def test_prune_leases_bad_input(db, older_than, sqlstate):
+    db.conn.execute("SELECT pglockkit.acquire_lease('x', 'h', '1 microsecond')")
+    before = _leases(db.conn)
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute("SELECT pglockkit.prune_leases(%s)", (older_than,))
+    assert err.value.sqlstate == sqlstate
+    assert _leases(db.conn) == before
+
+
+def test_prune_leases_older_than_the_calendar_prunes_nothing(db):
+    db.conn.execute("SELECT pglockkit.acquire_lease('x', 'h', '1 microsecond')")
+    assert db.conn.execute("SELECT pglockkit.prune_leases('1000000 years')").fetchone()[0] == 0
+    assert len(_leases(db.conn)) == 1
+
+
+def test_upgrading_to_0021_keeps_bound_leases_bound_and_tokens_increasing(db):
+    """Rows written before 0021 (one key per name, tokens counted per row) keep working after it:
+    a live bound lease stays its holder's until its backend dies, and new tokens start above
+    every token handed out before."""
+    migration = migrations_dir() / "0021_bound_lease_takeover.sql"
+    rollback = migrations_dir() / "0021_bound_lease_takeover.rollback.sql"
+    db.conn.execute(rollback.read_text())  # this database as 0020 left it
+    with db.connect() as holder, db.connect() as rival:
+        old = holder.execute("SELECT pglockkit.acquire_lease('up', 'holder', '1 hour', true)").fetchone()[0]
+        for _ in range(5):
+            t = acquire_lease(rival, "other", "rival", 10)
+            assert release_lease(rival, "other", "rival", t)
+        assert (old, t) == (1, 5)
+        db.conn.execute(migration.read_text())
+        assert acquire_lease(rival, "up", "rival", 60, bind_session=True) is None  # still bound
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+        deadline = time.monotonic() + 2
+        while (token := acquire_lease(rival, "up", "rival", 60, bind_session=True)) is None:
+            assert time.monotonic() < deadline, "the old bound lease was not freed with its backend"
+            time.sleep(0.01)
+        assert token > 5
+        assert acquire_lease(rival, "other", "rival", 10) > token

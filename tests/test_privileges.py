@@ -103,6 +103,8 @@ def test_a_worker_cannot_renew_release_or_take_another_holders_lease(db, as_role
     [
         "pglockkit.register_namespace('mine')",
         "pglockkit.prune_jobs('0 s')",
+        "pglockkit.prune_leases('0 s')",
+        "pglockkit.prune_runs('0 s')",
         "pglockkit.retry_dead_jobs('q')",
         "pglockkit.sample('0 s')",
         "pglockkit.set_max_payload_bytes(4096)",

@@ -210,3 +210,29 @@ def test_a_rolled_back_or_failed_start_run_does_not_block_the_slot(db):
             a.execute("SELECT pglockkit.start_run(repeat(md5('x'), 100), 's1', 'a')")
         assert _session_advisory_locks(a) == 0
         assert b.execute("SELECT pglockkit.start_run('rb', 's2', 'b')").fetchone()[0] is not None
+
+
+def test_prune_runs_deletes_finished_runs_only(db):
+    """Issue 13 item 11: pruning runs. Finished runs older than older_than go; a running one stays.
+    A pruned slot's row is gone, so start_run would run that slot again: prune only slots that no
+    pod can still start (the README says so)."""
+    with db.connect() as a:
+        ok = start_run(a, "prune", "s1", "a")
+        assert finish_run(a, ok, True)
+        failed = start_run(a, "prune", "s2", "a")
+        assert finish_run(a, failed, False, "boom")
+        running = start_run(a, "prune", "s3", "a")
+        assert pglockkit.prune_runs(a, 3600) == 0
+        assert pglockkit.prune_runs(a, 0) == 2
+        assert _history(a, "prune") == [("s3", "running", 1)]
+        assert finish_run(a, running, True)
+        with pytest.raises(psycopg.Error) as err:
+            a.execute("SELECT pglockkit.prune_runs(NULL)")
+        assert err.value.sqlstate == "22004"
+        with pytest.raises(psycopg.Error) as err:
+            a.execute("SELECT pglockkit.prune_runs('-1 s')")
+        assert err.value.sqlstate == "22023"
+        assert a.execute("SELECT pglockkit.prune_runs('1000000 years')").fetchone()[0] == 0
+        assert _history(a, "prune") == [("s3", "succeeded", 1)]
+        # The documented consequence: the pruned slot s1 can be started again.
+        assert start_run(a, "prune", "s1", "a") is not None

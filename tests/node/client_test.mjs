@@ -238,7 +238,7 @@ await check('leases: acquire_lease, check_fence with the live token, PK001 with 
 
   assert.equal((await one(db, "SELECT pglockkit.release_lease($1, 'node-a', $2) AS ok", [name, t1])).ok, true);
   const t2 = (await one(other, "SELECT pglockkit.acquire_lease($1, 'node-b', '30 seconds') AS t", [name])).t;
-  assert.equal(BigInt(t2), BigInt(t1) + 1n);
+  assert.ok(BigInt(t2) > BigInt(t1)); // a larger token (drawn from one sequence for all leases)
 
   // node-a wakes up and writes with its old token: fenced in SQL, its write rolled back.
   await db.query('BEGIN');
