@@ -7,6 +7,7 @@ them for Python callers.
 from pglockkit.connection import connect, resolve_dsn
 from pglockkit.errors import (
     Deadlock,
+    DependentObjects,
     InvalidArgument,
     LimitExceeded,
     LockNotHeld,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Deadlock",
+    "DependentObjects",
     "InvalidArgument",
     "Job",
     "Lease",

@@ -79,6 +79,23 @@ class PoolerDetected(PglockkitError):
         self.server_pid = server_pid
 
 
+class DependentObjects(PglockkitError):
+    """``uninstall`` refused (2BP01): objects outside pglockkit's schemas depend on it.
+    ``objects`` names each, with what of pglockkit it uses. Nothing was changed."""
+
+    sqlstate = "2BP01"
+
+    def __init__(self, objects: list[str]):
+        listed = "".join(f"\n  {o}" for o in objects)
+        super().__init__(
+            f"uninstall refused: {len(objects)} object(s) outside pglockkit depend on it; "
+            f"nothing was changed:{listed}",
+            hint="drop or change them first, or uninstall with cascade (`pglockkit uninstall --yes "
+            "--cascade`) to drop them with pglockkit",
+        )
+        self.objects = objects
+
+
 class RetryableError(PglockkitError):
     """A failure that a retry of the whole transaction can cure."""
 

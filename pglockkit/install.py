@@ -19,7 +19,7 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import DatabaseURI
 
 from pglockkit.connection import connect
-from pglockkit.errors import PglockkitError
+from pglockkit.errors import DependentObjects
 from pglockkit.keys import lock_key, namespace_id
 
 log = logging.getLogger("pglockkit.install")
@@ -182,23 +182,6 @@ def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> 
         statement = "REVOKE {} FROM {}" if revoke else "GRANT {} TO {}"
         conn.execute(sql.SQL(statement).format(sql.Identifier(group), sql.Identifier(role)))
     return f"{'revoked' if revoke else 'granted'} {group} {'from' if revoke else 'to'} {role}"
-
-
-class DependentObjects(PglockkitError):
-    """``uninstall`` refused (2BP01): objects outside pglockkit's schemas depend on it.
-    ``objects`` names each, with what of pglockkit it uses. Nothing was changed."""
-
-    sqlstate = "2BP01"
-
-    def __init__(self, objects: list[str]):
-        listed = "".join(f"\n  {o}" for o in objects)
-        super().__init__(
-            f"uninstall refused: {len(objects)} object(s) outside pglockkit depend on it; "
-            f"nothing was changed:{listed}",
-            hint="drop or change them first, or uninstall with cascade (`pglockkit uninstall --yes "
-            "--cascade`) to drop them with pglockkit",
-        )
-        self.objects = objects
 
 
 @dataclass(frozen=True)
