@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 
@@ -21,7 +20,7 @@ from pglockkit import _calls, demo, embedded, locks, monitor, queue, runs
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
-from pglockkit.install import grant, install, render_bundle, status, uninstall
+from pglockkit.install import grant, install, status, uninstall
 from pglockkit.leases import default_holder
 from pglockkit.worker import Worker
 
@@ -406,7 +405,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         _print_rows(
             conn,
             "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
-            # As text: a run_at of +-infinity (stored before 0022) has no Python datetime.
+            # As text: a run_at of +-infinity (stored before such times were refused) has no Python datetime.
             "date_trunc('seconds', run_at)::text AS run_at, worker, left(payload::text, 40) AS payload, "
             "left(last_error, 40) AS last_error FROM pglockkit.jobs "
             "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",
@@ -462,21 +461,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = embedded.start(args.data)
     install(dsn)
     return demo.main(args, dsn, "embedded, `pglockkit up`")
-
-
-def cmd_bundle(args: argparse.Namespace) -> int:
-    text = render_bundle()
-    target = Path(args.output)
-    if args.check:
-        current = target.read_text(encoding="utf-8") if target.exists() else ""
-        if current != text:
-            print(f"{target} is stale: run `pglockkit bundle`", file=sys.stderr)
-            return 1
-        print(f"{target} is up to date")
-        return 0
-    target.write_text(text, encoding="utf-8")
-    print(f"wrote {target}")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -713,9 +697,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_arguments(p)
     p.set_defaults(demo_parser=p)
-    p = add("bundle", cmd_bundle, "write sql/pglockkit.sql, the single-file install, from migrations/")
-    p.add_argument("--output", default="sql/pglockkit.sql", help="default: %(default)s")
-    p.add_argument("--check", action="store_true", help="fail if the file is not current")
     return parser
 
 

@@ -1,4 +1,10 @@
-"""Installing pglockkit: yoyo migrations applied under a lock, status, uninstall, the SQL bundle.
+"""Installing pglockkit: a fresh install, upgrades by yoyo migrations, status, uninstall, the
+SQL bundle.
+
+A fresh install runs the schema of ``sql/schema/`` (the current definition of every object, one
+file per domain) in one transaction and records every migration as applied: the baseline and
+the deltas after it are already in that schema. A database installed earlier gets the delta
+migrations it lacks. A test checks that both ways build the same schema.
 
 Migration state lives in schema ``pglockkit_migrations`` (yoyo's tables), apart from schema
 ``pglockkit``, so that an ordinary role with only CREATE on the database can install, and so that
@@ -38,8 +44,40 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "migrations"
 
 
+def schema_dir() -> Path:
+    """The schema files shipped in the wheel, or the checkout's ``sql/schema/`` in development."""
+    packaged = Path(__file__).parent / "_schema"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "sql" / "schema"
+
+
 def _migrations():
     return read_migrations(str(migrations_dir()))
+
+
+def render_schema() -> str:
+    """Every object's current definition: the domain files of ``sql/schema/`` in order."""
+    parts = []
+    for path in sorted(schema_dir().glob("*.sql")):
+        text = path.read_text(encoding="utf-8").rstrip()
+        parts.append(f"\n-- ==== sql/schema/{path.name} ====\n\n{text}\n")
+    return "".join(parts)
+
+
+def _bookkeeping(ids: list[str]) -> str:
+    """What a schema install records, so that ``install`` later applies only newer migrations."""
+    values = ", ".join(f"('{i}')" for i in ids)
+    return (
+        "\n-- ==== bookkeeping for `pglockkit install` ====\n\n"
+        f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA};\n"
+        f"CREATE TABLE {BUNDLE_TABLE} (migration_id text PRIMARY KEY);\n"
+        f"INSERT INTO {BUNDLE_TABLE} VALUES {values};\n"
+    )
+
+
+class PreReleaseInstall(RuntimeError):
+    """The database holds pglockkit from a build whose migrations this version does not know."""
 
 
 def _backend(dsn: str):
@@ -97,20 +135,32 @@ def _adopt_bundle(conn: psycopg.Connection, backend, migrations) -> list[str]:
 
 
 def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
-    """Apply pending migrations; returns the ids applied (empty when already up to date).
+    """Install the current schema into a database without pglockkit, or apply the migrations a
+    database installed earlier lacks; returns the ids of the migrations now recorded (empty when
+    already up to date).
 
     Safe to run from many processes at once: they queue on an advisory lock, the first applies,
     the rest find nothing to do. Re-applies grants at the end, so a ``pglockkit_user`` role created
     after the first install gets its privileges.
 
     >>> install("postgresql://app@db/app")  # doctest: +SKIP
-    ['0001_foundation']
+    ['0001_baseline']
     """
     with _InstallLock(dsn, lock_timeout_s) as conn:
         backend = _backend(dsn)
         try:
             backend.break_lock()
             migrations = _migrations()
+            _refuse_unknown_migrations(conn, migrations)
+            fresh = (
+                not _applied_migrations(conn)
+                and not conn.execute(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'pglockkit')"
+                ).fetchone()[0]
+            )
+            if fresh:  # the current schema, and the record that every migration is in it: one commit
+                with conn.transaction():
+                    conn.execute(render_schema() + _bookkeeping([m.id for m in migrations]))
             adopted = _adopt_bundle(conn, backend, migrations)
             with backend.lock():
                 pending = backend.to_apply(migrations)
@@ -119,11 +169,25 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
         finally:
             backend.connection.close()
     applied = [m.id for m in pending]
+    if fresh:
+        log.info("installed the schema (migrations %s)", ", ".join(adopted))
+        return adopted
     for mid in adopted:
         log.info("adopted migration %s applied by sql/pglockkit.sql", mid)
     for mid in applied:
         log.info("applied migration %s", mid)
     return applied
+
+
+def _refuse_unknown_migrations(conn: psycopg.Connection, migrations) -> None:
+    known = {m.id for m in migrations}
+    unknown = sorted(set(_applied_migrations(conn)) - known)
+    if unknown:
+        raise PreReleaseInstall(
+            f"this database has pglockkit migrations this version does not know ({', '.join(unknown)}): "
+            "it was installed by a pre-release build whose migrations were folded into the baseline. "
+            "Uninstall it (`pglockkit uninstall --yes`; the kit's data goes with it) and install again"
+        )
 
 
 @dataclass(frozen=True)
@@ -305,25 +369,14 @@ def uninstall(dsn: str = "", *, cascade: bool = False, lock_timeout_s: float = 3
 
 BUNDLE_HEADER = """\
 -- pglockkit single-file install, for psql users: psql -v ON_ERROR_STOP=1 -f sql/pglockkit.sql
--- GENERATED by `pglockkit bundle` from migrations/: do not edit; a test checks it is current.
--- It records what it applied, so a later `pglockkit install` upgrades from here.
+-- GENERATED by `python3 tools/bundle.py` from sql/schema/: do not edit; a test checks it is
+-- current. It records the migrations it stands for, so a later `pglockkit install` upgrades
+-- from here.
 """
 
 
 def render_bundle() -> str:
-    """The text of ``sql/pglockkit.sql``: every migration in order, in one transaction."""
-    parts = [BUNDLE_HEADER, "\\set ON_ERROR_STOP on\n", "BEGIN;\n"]
-    ids = []
-    for m in _migrations():
-        ids.append(m.id)
-        body = Path(m.path).read_text(encoding="utf-8").rstrip()
-        parts.append(f"\n-- ==== migration {m.id} ====\n\n{body}\n")
-    values = ", ".join(f"('{i}')" for i in ids)
-    parts.append(
-        "\n-- ==== bookkeeping for `pglockkit install` ====\n\n"
-        f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA};\n"
-        f"CREATE TABLE {BUNDLE_TABLE} (migration_id text PRIMARY KEY);\n"
-        f"INSERT INTO {BUNDLE_TABLE} VALUES {values};\n"
-        "\nCOMMIT;\n"
-    )
-    return "".join(parts)
+    """The text of ``sql/pglockkit.sql``: the schema and its bookkeeping, in one transaction."""
+    ids = [m.id for m in _migrations()]
+    head = [BUNDLE_HEADER, "\\set ON_ERROR_STOP on\n", "BEGIN;\n"]
+    return "".join([*head, render_schema(), _bookkeeping(ids), "\nCOMMIT;\n"])

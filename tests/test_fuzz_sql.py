@@ -71,7 +71,7 @@ UNKNOWN = "42704"
 LOCK = "55P03"
 CHECK = "23514"  # a name or key over 1024 bytes, a namespace lock_timeout over 24 days (0011)
 TOO_FAR = "22008"  # an interval that takes now() +/- it out of the timestamp range (documented)
-TOO_BIG = "54000"  # a job payload over max_payload_bytes (0022)
+TOO_BIG = "54000"  # a job payload over max_payload_bytes
 TIMEOUT = "57014"  # statement_timeout: a wait the test cut short (allowed only where calls wait)
 
 # --------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""Installing: idempotent, concurrent, reversible, as an ordinary role, and the SQL bundle equal
-to the migrations."""
+"""Installing: idempotent, concurrent, as an ordinary role; a fresh install (sql/schema/), the
+bundle and the migration chain build the same schema; an upgrade loses nothing."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -13,10 +15,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pglockkit
-from pglockkit.install import migrations_dir, render_bundle
+from pglockkit.install import PreReleaseInstall, _backend, _migrations, migrations_dir, render_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL = sorted(p.stem for p in migrations_dir().glob("*.sql") if not p.name.endswith(".rollback.sql"))
+ALL = sorted(p.stem for p in migrations_dir().glob("*.sql"))
 BUNDLE = ROOT / "sql" / "pglockkit.sql"
 
 
@@ -35,14 +37,12 @@ def _objects(dsn: str) -> list[tuple]:
         ).fetchall()
 
 
-def test_migration_files_are_numbered_named_and_reversible():
-    files = sorted(p.name for p in migrations_dir().glob("*.sql"))
-    forward = [f for f in files if not f.endswith(".rollback.sql")]
-    assert forward, "no migrations found"
-    for number, name in enumerate(forward, start=1):
-        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", name), name
+def test_migrations_are_a_baseline_then_numbered_deltas_without_rollbacks():
+    files = sorted(p.name for p in migrations_dir().iterdir())
+    assert files and files[0] == "0001_baseline.sql", files
+    for number, name in enumerate(files, start=1):
+        assert re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", name), f"{name}: a forward migration, no rollback"
         assert int(name[:4]) == number, f"{name}: migrations must be numbered 0001, 0002, ... without gaps"
-        assert name.replace(".sql", ".rollback.sql") in files, f"{name} has no rollback"
 
 
 def test_install_twice_is_a_no_op(empty_db):
@@ -251,7 +251,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
 
 
 def test_bundle_is_current():
-    assert BUNDLE.read_text(encoding="utf-8") == render_bundle(), "run `pglockkit bundle`"
+    assert BUNDLE.read_text(encoding="utf-8") == render_bundle(), "run `python3 tools/bundle.py`"
 
 
 def _pg_dump_schema(server, dsn: str) -> str:
@@ -276,17 +276,90 @@ def _psql_file(server, dsn: str, path: Path) -> None:
     )
 
 
-def test_bundle_and_migrations_build_the_same_schema(server):
-    from_bundle = server.dsn(server.create_database())
-    from_migrations = server.dsn(server.create_database())
+def _apply_chain(dsn: str, upto: str | None = None) -> None:
+    """The migration chain alone, as an upgrade runs it (a fresh install runs sql/schema/)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS pglockkit_migrations")
+    backend = _backend(dsn)
+    try:
+        migrations = _migrations()
+        if upto is not None:
+            migrations = migrations.filter(lambda m: m.id <= upto)
+        with backend.lock():
+            backend.apply_migrations(backend.to_apply(migrations))
+    finally:
+        backend.connection.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pglockkit._grant_privileges()")
+
+
+def test_schema_bundle_and_migration_chain_build_the_same_schema(server):
+    """sql/schema/ (a fresh install), sql/pglockkit.sql (psql) and the migration chain (the
+    baseline, then every delta) build identical schemas: the domain files and the migrations cannot
+    drift apart."""
+    from_schema, from_bundle, from_chain = (server.dsn(server.create_database()) for _ in range(3))
+    assert pglockkit.install(from_schema) == ALL
     _psql_file(server, from_bundle, BUNDLE)
-    pglockkit.install(from_migrations)
-    bundle_dump, migrations_dump = (
-        _pg_dump_schema(server, from_bundle),
-        _pg_dump_schema(server, from_migrations),
-    )
-    assert "CREATE FUNCTION pglockkit.xact_lock" in bundle_dump
-    assert bundle_dump == migrations_dump
+    _apply_chain(from_chain)
+    dumps = [_pg_dump_schema(server, dsn) for dsn in (from_schema, from_bundle, from_chain)]
+    assert "CREATE FUNCTION pglockkit.xact_lock" in dumps[0]
+    assert dumps[1] == dumps[0], "the bundle is not sql/schema/: run `python3 tools/bundle.py`"
+    assert dumps[2] == dumps[0], "the migration chain does not build sql/schema/: a delta is missing"
+    assert all(s.applied for s in pglockkit.status(from_chain))
+
+
+def test_an_upgrade_from_the_baseline_while_workers_drain_and_leases_are_held_loses_nothing(server):
+    """A database built at the baseline, with jobs, leases and runs in it, is upgraded to the newest
+    migration while a worker drains its queue and a lease holder renews: every job is done once,
+    the lease and run rows survive, and tokens keep increasing. (With no delta after the baseline
+    yet, the upgrade applies nothing; the first delta migration gives this test its teeth.)"""
+    dsn = server.dsn(server.create_database())
+    _apply_chain(dsn, upto="0001_baseline")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE done_log (job_id bigint)")
+        conn.execute("SELECT pglockkit.enqueue_jobs('up', array_fill('{}'::jsonb, ARRAY[400]))")
+        first = conn.execute("SELECT pglockkit.acquire_lease('up', 'holder', '30 seconds')").fetchone()[0]
+        run = conn.execute("SELECT pglockkit.start_run('nightly', '2026-12-01', 'pod-a')").fetchone()[0]
+        conn.execute("SELECT pglockkit.finish_run(%s, true)", (run,))
+
+    def handler(job, conn):
+        conn.execute("INSERT INTO done_log VALUES (%s)", (job.id,))
+        time.sleep(0.002)
+
+    worker = pglockkit.Worker(dsn, "up", handler, concurrency=2)
+    drained = threading.Thread(target=worker.run, kwargs={"exit_when_idle": True})
+    drained.start()
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        renew = "SELECT pglockkit.renew_lease('up', 'holder', %s, '30 seconds')"
+        assert holder.execute(renew, (first,)).fetchone()[0] is True
+        pglockkit.install(dsn)  # the upgrade, while the worker drains and the lease is held
+        assert holder.execute(renew, (first,)).fetchone()[0] is True
+        assert holder.execute("SELECT pglockkit.release_lease('up', 'holder', %s)", (first,)).fetchone()[0]
+        later = holder.execute("SELECT pglockkit.acquire_lease('up', 'other', '1 second')").fetchone()[0]
+        assert later > first
+    drained.join(60)
+    assert not drained.is_alive()
+    assert all(s.applied for s in pglockkit.status(dsn))
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (400, 400)
+        by_status = "SELECT status, count(*) FROM pglockkit.jobs GROUP BY 1"
+        assert conn.execute(by_status).fetchall() == [("done", 400)]
+        runs = "SELECT count(*) FROM pglockkit.runs WHERE status = 'succeeded'"
+        assert conn.execute(runs).fetchone()[0] == 1
+        tokens = [r[0] for r in conn.execute("SELECT token FROM pglockkit.jobs ORDER BY token")]
+        assert len(set(tokens)) == 400
+
+
+def test_a_pre_release_install_is_refused_with_what_to_do(server):
+    dsn = server.dsn(server.create_database())
+    pglockkit.install(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # as a build before the baseline left it
+        conn.execute(
+            "INSERT INTO pglockkit_migrations._yoyo_migration (migration_hash, migration_id, applied_at_utc) "
+            "VALUES ('x', '0001_foundation', now())"
+        )
+    with pytest.raises(PreReleaseInstall, match=r"0001_foundation.*uninstall"):
+        pglockkit.install(dsn)
 
 
 def test_install_adopts_a_bundle_install(server):

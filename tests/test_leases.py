@@ -15,7 +15,6 @@ from scenarios import lease_contenders
 import pglockkit
 import pglockkit.aio as aio
 from pglockkit import Lease, acquire_lease, check_fence, release_lease, renew_lease
-from pglockkit.install import migrations_dir
 
 
 def _leases(conn):
@@ -418,27 +417,3 @@ def test_prune_leases_older_than_the_calendar_prunes_nothing(db):
     db.conn.execute("SELECT pglockkit.acquire_lease('x', 'h', '1 microsecond')")
     assert db.conn.execute("SELECT pglockkit.prune_leases('1000000 years')").fetchone()[0] == 0
     assert len(_leases(db.conn)) == 1
-
-
-def test_upgrading_to_0021_keeps_bound_leases_bound_and_tokens_increasing(db):
-    """Rows written before 0021 (one key per name, tokens counted per row) keep working after it:
-    a live bound lease stays its holder's until its backend dies, and new tokens start above
-    every token handed out before."""
-    migration = migrations_dir() / "0021_bound_lease_takeover.sql"
-    rollback = migrations_dir() / "0021_bound_lease_takeover.rollback.sql"
-    db.conn.execute(rollback.read_text())  # this database as 0020 left it
-    with db.connect() as holder, db.connect() as rival:
-        old = holder.execute("SELECT pglockkit.acquire_lease('up', 'holder', '1 hour', true)").fetchone()[0]
-        for _ in range(5):
-            t = acquire_lease(rival, "other", "rival", 10)
-            assert release_lease(rival, "other", "rival", t)
-        assert (old, t) == (1, 5)
-        db.conn.execute(migration.read_text())
-        assert acquire_lease(rival, "up", "rival", 60, bind_session=True) is None  # still bound
-        db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
-        deadline = time.monotonic() + 2
-        while (token := acquire_lease(rival, "up", "rival", 60, bind_session=True)) is None:
-            assert time.monotonic() < deadline, "the old bound lease was not freed with its backend"
-            time.sleep(0.01)
-        assert token > 5
-        assert acquire_lease(rival, "other", "rival", 10) > token

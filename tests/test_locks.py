@@ -451,7 +451,7 @@ def test_lock_rows_takes_any_integer_id_column(db, id_type):
 
 
 # Each relation lock_rows cannot lock rows of, and each bad id, gets a documented SQLSTATE and a
-# message naming the relation and the problem (before 0019: bare 42703, 42809, 0A000 or 22003
+# message naming the relation and the problem (once: bare 42703, 42809, 0A000 or 22003
 # from the server, naming neither the call nor the fix).
 @pytest.mark.parametrize(
     ("setup", "tbl", "ids", "sqlstate", "message"),

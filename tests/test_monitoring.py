@@ -427,7 +427,7 @@ def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as
             root_q,
             app_q,
         }
-    # A sample recorded before 0019 has no holder roles: only pg_read_all_stats reads its queries.
+    # A sample without holder roles: only pg_read_all_stats reads its queries.
     db.conn.execute(
         "INSERT INTO pglockkit.lock_samples (sampled_at, namespace, holders, waiters, holder_queries) "
         "VALUES (now(), 'old', 1, 0, ARRAY['old secret'])"

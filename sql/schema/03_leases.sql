@@ -1,77 +1,71 @@
--- pglockkit 0021: an expired session-bound lease is free for anyone; lease and run rows can be pruned.
+-- Leases: named, expiring, fenced mutual exclusion
 --
--- * A session-bound lease's holder kept one advisory key per lease name. A holder that stayed
---   connected past its ttl (a GC pause, the case leases exist for) kept that key, so a bound
---   acquirer of the expired lease failed with 55P03 for as long as the stale holder's session
---   lived, and a bound acquire rolled back with its transaction left the key held the same way (a
---   session lock outlives its transaction). The key's purpose stays: a bound lease is free at once
---   when its holder's backend ends. But the key is now the holder's own, derived from the name and
---   the holder's backend pid, and the lease row records it (session_key), so a stale or rolled-back
---   holder's key blocks nobody: whoever takes the lease binds it to a key of its own. A session
---   that no longer holds the lease lets go of its key when renew_lease or release_lease tells it
---   so (false), or when it takes the lease again unbound. Rows bound before this migration keep
---   the old key (_lease_session_key(name)) in session_key, so their holders stay bound.
--- * Fencing tokens come from one sequence, pglockkit.lease_tokens, drawn while the acquirer holds
---   the name's row. Each name's tokens still strictly increase with every acquisition (they may
---   skip values that other names took), and now they do even across a row deleted by
---   prune_leases: a deleted name's next token is drawn later than all its earlier ones.
--- * prune_leases(older_than) deletes leases released or expired more than older_than ago;
---   prune_runs(older_than) deletes runs that finished more than older_than ago. A pruned slot can
---   be started again (its row was the backstop): prune runs only for slots no pod can still start.
---   Both are pglockkit_admin's, like prune_jobs. An older_than past the calendar prunes nothing.
+-- The current definition of each object, once. A change edits this file and adds a delta
+-- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
--- No acquisition commits while the token sequence starts above the tokens already handed out.
-LOCK TABLE pglockkit.leases IN SHARE ROW EXCLUSIVE MODE;
-
-CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
-COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: one per acquisition, drawn while the acquirer holds the name''s row, never reused; each name''s tokens strictly increase.';
-DO $$
-BEGIN
-    PERFORM pg_catalog.setval('pglockkit.lease_tokens', m.token)
-       FROM (SELECT pg_catalog.max(l.token) AS token FROM pglockkit.leases l) m
-      WHERE m.token IS NOT NULL;
-END
-$$;
-
-ALTER TABLE pglockkit.leases ADD COLUMN session_key bigint;
-COMMENT ON COLUMN pglockkit.leases.session_key IS
-    'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
-UPDATE pglockkit.leases l SET session_key = pglockkit._lease_session_key(l.name) WHERE l.session_bound;
+CREATE TABLE pglockkit.leases (
+    name          text        PRIMARY KEY CHECK (name OPERATOR(pg_catalog.<>) ''),
+    holder        text        NOT NULL,
+    token         bigint      NOT NULL CHECK (token OPERATOR(pg_catalog.>) 0),
+    acquired_at   timestamptz NOT NULL,
+    renewed_at    timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    released_at   timestamptz,
+    session_bound boolean     NOT NULL DEFAULT false,
+    holder_pid    integer,
+    session_key   bigint,
+    CONSTRAINT leases_name_length CHECK (pg_catalog.octet_length(name) OPERATOR(pg_catalog.<=) 1024)
+);
 COMMENT ON TABLE pglockkit.leases IS
     'Leases, one row per name. Write it through acquire_lease / renew_lease / release_lease; prune_leases deletes rows free for a while (tokens come from the sequence lease_tokens, so they never repeat).';
+COMMENT ON COLUMN pglockkit.leases.session_key IS
+    'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
 
-CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$
-    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
-        'lease-session:' OPERATOR(pg_catalog.||) pid::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
-$$;
-COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
-    'Private: the advisory key (namespace pglockkit, resource lease-session:<pid>:<name>) that backend pid keeps locked while it holds the session-bound lease on name. Inlined; fully qualified.';
-
-CREATE FUNCTION pglockkit._lease_drop_stale_key(name text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+CREATE FUNCTION pglockkit._advisory_held(key bigint, by_this_session boolean) RETURNS boolean
+LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_key bigint := pglockkit._lease_session_key(_lease_drop_stale_key.name, pg_catalog.pg_backend_pid());
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_locks k
+         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
+           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+$$;
+COMMENT ON FUNCTION pglockkit._advisory_held(bigint, boolean) IS
+    'Private: whether the bigint advisory key is held in this database (by this session only, if by_this_session). Reads pg_locks: not for hot paths.';
+
+CREATE FUNCTION pglockkit._check_lease_args(name text, holder text, ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
 BEGIN
-    IF NOT pglockkit._advisory_held(v_key, true)
-       OR EXISTS (SELECT FROM pglockkit.leases l
-                   WHERE l.name OPERATOR(pg_catalog.=) _lease_drop_stale_key.name
-                     AND l.session_bound AND l.session_key OPERATOR(pg_catalog.=) v_key
-                     AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
-    THEN
-        RETURN false;
+    IF name IS NULL OR holder IS NULL OR ttl IS NULL THEN
+        RAISE EXCEPTION 'lease name, holder and ttl must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    RETURN pg_catalog.pg_advisory_unlock(v_key);
+    IF name OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'lease name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF holder OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'lease holder must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
+    END IF;
+    IF ttl OPERATOR(pg_catalog.<=) interval '0' THEN
+        RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
+        RAISE EXCEPTION 'lease ttl % is out of range', ttl USING ERRCODE = 'numeric_value_out_of_range',
+            HINT = 'A lease is renewed while held; keep its ttl short (seconds to minutes).';
+    END IF;
 END
 $$;
-COMMENT ON FUNCTION pglockkit._lease_drop_stale_key(text) IS
-    'Private: unlocks this session''s key for the lease on name unless this session still holds that lease bound and live (after it lost, expired or gave up the lease, or bound it in a transaction that rolled back). True if it unlocked. Reads pg_locks: for failure paths.';
+COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
+    'Private: rejects NULL (22004), empty names or holders and non-positive ttls (22023), ttls over a year (22003).';
 
-CREATE OR REPLACE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
+CREATE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -166,7 +160,7 @@ $$;
 COMMENT ON FUNCTION pglockkit.acquire_lease(text, text, interval, boolean) IS
     'Acquires the lease on name for ttl (server clock) and returns its fencing token, strictly increasing per name across every acquisition (drawn from the sequence lease_tokens); NULL while another holder''s lease is live. The live holder acquiring again renews it and gets the same token. An expired or released lease is anyone''s, bound or not. bind_session => true also ties the lease to this backend: when the backend ends, the lease is free at once instead of after the ttl (needs a direct, unpooled connection).';
 
-CREATE OR REPLACE FUNCTION pglockkit.renew_lease(name text, holder text, token bigint, ttl interval) RETURNS boolean
+CREATE FUNCTION pglockkit.renew_lease(name text, holder text, token bigint, ttl interval) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -195,7 +189,7 @@ $$;
 COMMENT ON FUNCTION pglockkit.renew_lease(text, text, bigint, interval) IS
     'Extends a live lease to now + ttl. True only for the current holder with the current token before expiry; false (nothing changed) otherwise: the lease is lost, stop writing. A false also unlocks this session''s key for the name unless the session still holds the lease bound.';
 
-CREATE OR REPLACE FUNCTION pglockkit.release_lease(name text, holder text, token bigint) RETURNS boolean
+CREATE FUNCTION pglockkit.release_lease(name text, holder text, token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -229,6 +223,84 @@ $$;
 COMMENT ON FUNCTION pglockkit.release_lease(text, text, bigint) IS
     'Releases the lease so that the next acquire_lease gets it at once (with the next token). True for the current holder with the current token; false (nothing changed) otherwise. Unlocks this session''s key for the name unless the session still holds the lease bound.';
 
+CREATE FUNCTION pglockkit.check_fence(name text, token bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_row pglockkit.leases;
+BEGIN
+    IF check_fence.name IS NULL OR check_fence.token IS NULL THEN
+        RAISE EXCEPTION 'lease name and token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- FOR SHARE: until this transaction ends, nobody can renew, release or take over the lease,
+    -- so the write it guards commits under the token it checked.
+    SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name OPERATOR(pg_catalog.=) check_fence.name FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fence check failed: no lease named "%"', check_fence.name
+            USING ERRCODE = 'PK001', HINT = 'Acquire the lease first: SELECT pglockkit.acquire_lease(name, holder, ttl).';
+    END IF;
+    IF v_row.token OPERATOR(pg_catalog.<>) check_fence.token THEN
+        RAISE EXCEPTION 'fence check failed: token % of lease "%" is stale (current token %, held by %)',
+                check_fence.token, check_fence.name, v_row.token, v_row.holder
+            USING ERRCODE = 'PK001', HINT = 'The lease changed hands: this writer must stop and not retry with the old token.';
+    END IF;
+    IF v_row.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'fence check failed: lease "%" (token %) was released', check_fence.name, check_fence.token
+            USING ERRCODE = 'PK001';
+    END IF;
+    IF v_row.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
+        RAISE EXCEPTION 'fence check failed: lease "%" (token %) expired at %', check_fence.name, check_fence.token, v_row.expires_at
+            USING ERRCODE = 'PK001', HINT = 'Renew the lease more often than its ttl.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.check_fence(text, bigint) IS
+    'Call inside the writer''s transaction before it writes: raises PK001 unless token is the live lease''s token, and holds the lease row (FOR SHARE) so that the lease cannot change hands before this transaction ends.';
+
+CREATE VIEW pglockkit.lease_status AS
+SELECT l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
+       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
+       l.session_bound, l.holder_pid
+  FROM pglockkit.leases l;
+COMMENT ON VIEW pglockkit.lease_status IS
+    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';
+
+CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.lease_tokens IS
+    'Fencing tokens of leases: one per acquisition, drawn while the acquirer holds the name''s row, never reused; each name''s tokens strictly increase.';
+
+CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
+        'lease-session:' OPERATOR(pg_catalog.||) pid::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
+$$;
+COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
+    'Private: the advisory key (namespace pglockkit, resource lease-session:<pid>:<name>) that backend pid keeps locked while it holds the session-bound lease on name. Inlined; fully qualified.';
+
+CREATE FUNCTION pglockkit._lease_drop_stale_key(name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key bigint := pglockkit._lease_session_key(_lease_drop_stale_key.name, pg_catalog.pg_backend_pid());
+BEGIN
+    IF NOT pglockkit._advisory_held(v_key, true)
+       OR EXISTS (SELECT FROM pglockkit.leases l
+                   WHERE l.name OPERATOR(pg_catalog.=) _lease_drop_stale_key.name
+                     AND l.session_bound AND l.session_key OPERATOR(pg_catalog.=) v_key
+                     AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+    THEN
+        RETURN false;
+    END IF;
+    RETURN pg_catalog.pg_advisory_unlock(v_key);
+END
+$$;
+COMMENT ON FUNCTION pglockkit._lease_drop_stale_key(text) IS
+    'Private: unlocks this session''s key for the lease on name unless this session still holds that lease bound and live (after it lost, expired or gave up the lease, or bound it in a transaction that rolled back). True if it unlocked. Reads pg_locks: for failure paths.';
+
 CREATE FUNCTION pglockkit.prune_leases(older_than interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -257,38 +329,3 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_leases(interval) IS
     'Deletes leases released, or expired, more than older_than ago; returns how many. Tokens never repeat: a pruned name''s next token is larger than all it had. A stale holder''s check_fence then fails with PK001 (no lease of that name). Run it from cron, e.g. prune_leases(''7 days'').';
-
-CREATE FUNCTION pglockkit.prune_runs(older_than interval) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_before timestamptz;
-    v_n      bigint;
-BEGIN
-    IF older_than IS NULL THEN
-        RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
-        RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    BEGIN
-        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
-    EXCEPTION WHEN datetime_field_overflow THEN
-        RETURN 0;  -- before the calendar starts: nothing is that old
-    END;
-    DELETE FROM pglockkit.runs r
-     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at OPERATOR(pg_catalog.<) v_before;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n;
-END
-$$;
-COMMENT ON FUNCTION pglockkit.prune_runs(interval) IS
-    'Deletes runs that finished (succeeded or failed) more than older_than ago; returns how many. Running and abandoned runs stay. A pruned slot''s row was its backstop: start_run can run that slot again, so prune only slots no pod can still start (for daily slots, e.g. prune_runs(''30 days'')).';
-
-CREATE OR REPLACE FUNCTION pglockkit._admin_only(proname name) RETURNS boolean
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample}'::name[]) $$;
-
-DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;

@@ -1,14 +1,7 @@
--- pglockkit 0003: singleton runs, for cron pods and periodic ticks.
+-- Runs: one run per job and slot (cron pods)
 --
--- start_run(job, slot, holder) lets exactly one caller run a job's slot (a date, an hour, a
--- tick number). Two mechanisms, as seed 004 recommends: a session try-lock keeps the herd from
--- piling in (the losers return NULL at once), and the unique (job, slot) row is the correctness
--- backstop (a slot that has run never runs again, whatever the locks did).
---
--- Policy for a holder that dies: the starter's session keeps the run's advisory key locked until
--- finish_run. A run still 'running' whose key is free lost its holder; run_history shows it as
--- 'abandoned', and the next start_run for that slot takes it over (attempt + 1). Failed runs are
--- finished: they are not re-run.
+-- The current definition of each object, once. A change edits this file and adds a delta
+-- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
 CREATE TABLE pglockkit.runs (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -21,7 +14,9 @@ CREATE TABLE pglockkit.runs (
     finished_at timestamptz,
     detail      text,
     holder_pid  integer,
-    CONSTRAINT runs_job_slot_key UNIQUE (job, slot)
+    CONSTRAINT runs_job_slot_key UNIQUE (job, slot),
+    CONSTRAINT runs_job_length CHECK (pg_catalog.octet_length(job) OPERATOR(pg_catalog.<=) 1024),
+    CONSTRAINT runs_slot_length CHECK (pg_catalog.octet_length(slot) OPERATOR(pg_catalog.<=) 1024)
 );
 COMMENT ON TABLE pglockkit.runs IS
     'One row per (job, slot) that started. Write it through start_run / finish_run; read pglockkit.run_history.';
@@ -51,11 +46,23 @@ BEGIN
         RAISE EXCEPTION 'job, slot and holder must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_key := pglockkit._run_key(start_run.job, start_run.slot);
+    IF pglockkit._advisory_held(v_key, true) THEN
+        -- Advisory locks are re-entrant: this session already holds the slot's key. If it runs the
+        -- slot now, once is enough. If not, its earlier start_run was rolled back with its
+        -- transaction (the key outlives it): start the run on the key already held.
+        IF EXISTS (SELECT FROM pglockkit.runs r
+                    WHERE r.job OPERATOR(pg_catalog.=) start_run.job AND r.slot OPERATOR(pg_catalog.=) start_run.slot
+                      AND r.status OPERATOR(pg_catalog.=) 'running'
+                      AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) THEN
+            RETURN NULL;
+        END IF;
     -- Herd guard: while a live session starts or runs this slot, everyone else returns at once.
-    IF NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
+    ELSIF NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
         RETURN NULL;
     END IF;
     -- Backstop: one row per (job, slot). We hold the key, so a row still 'running' lost its holder.
+    -- A failed insert (e.g. a job name too long for the index) must not leave the key held.
+    BEGIN
     INSERT INTO pglockkit.runs AS r (job, slot, holder, status, started_at, holder_pid)
     VALUES (start_run.job, start_run.slot, start_run.holder, 'running', pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())
     ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
@@ -63,6 +70,10 @@ BEGIN
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
      WHERE r.status OPERATOR(pg_catalog.=) 'running'
     RETURNING r.id INTO v_id;
+    EXCEPTION WHEN OTHERS THEN
+        PERFORM pg_catalog.pg_advisory_unlock(v_key);
+        RAISE;
+    END;
     IF v_id IS NULL THEN
         PERFORM pg_catalog.pg_advisory_unlock(v_key);  -- the slot already ran
     END IF;
@@ -115,4 +126,30 @@ SELECT r.id, r.job, r.slot, r.holder,
 COMMENT ON VIEW pglockkit.run_history IS
     'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';
 
-DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
+CREATE FUNCTION pglockkit.prune_runs(older_than interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_before timestamptz;
+    v_n      bigint;
+BEGIN
+    IF older_than IS NULL THEN
+        RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    BEGIN
+        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RETURN 0;  -- before the calendar starts: nothing is that old
+    END;
+    DELETE FROM pglockkit.runs r
+     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at OPERATOR(pg_catalog.<) v_before;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.prune_runs(interval) IS
+    'Deletes runs that finished (succeeded or failed) more than older_than ago; returns how many. Running and abandoned runs stay. A pruned slot''s row was its backstop: start_run can run that slot again, so prune only slots no pod can still start (for daily slots, e.g. prune_runs(''30 days'')).';

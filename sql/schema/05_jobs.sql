@@ -1,40 +1,147 @@
--- pglockkit 0020: claims that never wait for a key row, one rule for mixed limits on a key, and
--- pruning of idle key rows (issue 13, items 3, 8 and 11).
+-- Jobs: the queue
 --
--- 1. Deadlocks (40P01). A batch claim locked the job_keys rows of several keys (the upsert that
---    reserves room, the update that gives back the count of a job buried on its last attempt's
---    expiry) in no fixed order, while holding the job rows it had taken; complete_jobs locked its
---    keys' rows in no fixed order too. Eight claimers with batches of 5 and 10, six keys and leases
---    of a few ms deadlocked several times in ten seconds. Now the keyed claim locks the rows of the
---    keys it may change in key order with SKIP LOCKED: a key whose row another transaction holds
---    (a claim or a completion of that key, for the moment until it commits) is passed over by this
---    claim and its jobs wait for the next one; a job buried on expiry waits likewise if its key's
---    row is held. claim_job thus never waits for a lock, and cannot be part of a deadlock, whatever
---    else its transaction holds (a worker's completions of the same group, say). When it claimed
---    nothing only because key rows were held, it tries again after 1, 2, 4 and 8 ms, so that a
---    worker does not sleep until its next poll for the length of someone's commit. _keys_left
---    (every way out of running) locks its rows in (queue, key) order before it updates them.
--- 2. Mixed limits. A key enqueued with limit 1 and then 3 ran 3: the claim overwrote the key's
---    limit with the limit of the jobs it claimed. The rule now: a job of a key starts only while
---    the key's running jobs are fewer than the smallest concurrency_limit among the key's
---    unfinished (queued or running) jobs. A new index, jobs_keys, finds that limit with one probe.
---    job_keys.lim keeps the limit that governed the key's last claim.
--- 3. Idle key rows. A key's row stayed forever, and one row was enough to turn the batch fast
---    path off for its queue. prune_jobs now also deletes the rows of keys with no queued or running
---    job. An enqueue (a BEFORE INSERT trigger on jobs) and retry_dead_jobs pin the row of each key
---    they bring work to (FOR KEY SHARE, which claims do not conflict with; the row is created if
---    it is gone) until they commit; the pruning skips pinned and locked rows and looks for
---    unfinished jobs with a snapshot taken after locking the rows it deletes, so no key with work
---    loses its row.
+-- The current definition of each object, once. A change edits this file and adds a delta
+-- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
--- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
-CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
-    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
+CREATE SEQUENCE pglockkit.job_tokens AS bigint NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.job_tokens IS 'Fencing tokens of job claims: one per claim, never reused.';
 
+CREATE TABLE pglockkit.jobs (
+    id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue             text        NOT NULL CHECK (queue OPERATOR(pg_catalog.<>) ''),
+    payload           jsonb       NOT NULL DEFAULT '{}',
+    priority          integer     NOT NULL DEFAULT 0,
+    run_at            timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    status            text        NOT NULL DEFAULT 'queued'
+                                  CHECK (status IN ('queued', 'running', 'done', 'dead', 'cancelled')),
+    attempt           integer     NOT NULL DEFAULT 0,
+    max_attempts      integer     NOT NULL DEFAULT 5 CHECK (max_attempts BETWEEN 1 AND 1000),
+    worker            text,
+    token             bigint,
+    lease_expires_at  timestamptz,
+    dedup_key         text,
+    concurrency_key   text        CHECK (concurrency_key OPERATOR(pg_catalog.<>) ''),
+    concurrency_limit integer     CHECK (concurrency_limit BETWEEN 1 AND 10000),
+    last_error        text,
+    created_at        timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    started_at        timestamptz,
+    finished_at       timestamptz,
+    CHECK ((concurrency_key IS NULL) = (concurrency_limit IS NULL)),
+    CONSTRAINT jobs_queue_length CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 1024),
+    CONSTRAINT jobs_dedup_key_length CHECK (pg_catalog.octet_length(dedup_key) OPERATOR(pg_catalog.<=) 1024),
+    CONSTRAINT jobs_concurrency_key_length CHECK (pg_catalog.octet_length(concurrency_key) OPERATOR(pg_catalog.<=) 1024)
+);
+COMMENT ON TABLE pglockkit.jobs IS
+    'The job queue. Write it through enqueue_job / claim_job / complete_job / fail_job / extend_job / release_job / cancel_job; read pglockkit.queue_stats.';
+
+-- The claim path: due jobs in priority order, and expired leases. Both partial, so done, dead
+-- and cancelled jobs (however many) are not in them.
+CREATE INDEX jobs_ready ON pglockkit.jobs (queue, priority DESC, run_at, id) WHERE status = 'queued';
+
+-- Dedup keys are unique among unfinished jobs of a queue.
+CREATE UNIQUE INDEX jobs_dedup ON pglockkit.jobs (queue, dedup_key)
+    WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running');
+
+-- Per-key concurrency: how many jobs of each (queue, concurrency key) run now. claim_job raises
+-- the count with an upsert whose WHERE re-checks the limit on the newest row version, so two
+-- claimers cannot both take the last slot; every way out of 'running' lowers it again.
+CREATE TABLE pglockkit.job_keys (
+    queue   text    NOT NULL,
+    key     text    NOT NULL,
+    running integer NOT NULL DEFAULT 0 CHECK (running OPERATOR(pg_catalog.>=) 0),
+    lim     integer NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT job_keys_queue_length CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 1024),
+    CONSTRAINT job_keys_key_length CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024)
+);
 COMMENT ON TABLE pglockkit.job_keys IS
     'Running jobs per (queue, concurrency key) and the limit that governed the key''s last claim (the smallest concurrency_limit among its unfinished jobs). Maintained by the queue functions; prune_jobs deletes the rows of keys with no queued or running job.';
 
-CREATE OR REPLACE FUNCTION pglockkit._keys_left(queues text[], keys text[]) RETURNS void
+-- Pruning and history.
+CREATE INDEX jobs_finished ON pglockkit.jobs (finished_at) WHERE status IN ('done', 'dead', 'cancelled');
+
+CREATE TYPE pglockkit.claimed_job AS (
+    id               bigint,
+    queue            text,
+    payload          jsonb,
+    attempt          integer,
+    max_attempts     integer,
+    token            bigint,
+    lease_expires_at timestamptz
+);
+COMMENT ON TYPE pglockkit.claimed_job IS
+    'A job handed out by claim_job: pass id and token to complete_job / fail_job / extend_job / release_job.';
+
+-- Constants of the queue live here, once. (Note: every OPERATOR(pg_catalog.x) has the same
+-- precedence, so mixed arithmetic below is fully parenthesised.)
+CREATE FUNCTION pglockkit._retry_delay(attempt integer) RETURNS interval
+LANGUAGE sql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Exponential backoff with "equal jitter": half of 2^(attempt-1) seconds fixed, half random,
+    -- capped at one hour, so failing jobs spread out instead of retrying in lockstep.
+    SELECT pg_catalog.make_interval(secs =>
+        (d OPERATOR(pg_catalog./) 2) OPERATOR(pg_catalog.+) ((pg_catalog.random() OPERATOR(pg_catalog.*) d) OPERATOR(pg_catalog./) 2))
+      FROM (SELECT LEAST(3600.0, pg_catalog.power(2.0, GREATEST(attempt, 1) OPERATOR(pg_catalog.-) 1))::float8 AS d) s
+$$;
+COMMENT ON FUNCTION pglockkit._retry_delay(integer) IS
+    'Private: the pause before retry n of a failed job: d/2 + random()*d/2 with d = 2^(n-1) s, capped at 1 h.';
+
+CREATE FUNCTION pglockkit._check_queue(queue text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF queue OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._check_queue(text) IS 'Private: 22004 for a NULL queue, 22023 for an empty one.';
+
+CREATE FUNCTION pglockkit._check_lease(lease interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease IS NULL THEN
+        RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF lease OPERATOR(pg_catalog.<=) interval '0' THEN
+        RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
+        RAISE EXCEPTION 'lease % is out of range', lease USING ERRCODE = 'numeric_value_out_of_range',
+            HINT = 'Leases are at most 7 days; extend a long job''s lease with extend_job while it runs.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._check_lease(interval) IS 'Private: a job lease must be positive and at most 7 days.';
+
+CREATE FUNCTION pglockkit._job_not_found(id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Called when an update by (id, token) matched nothing: an unknown id is an error, a known
+    -- one means the token is stale or the job is no longer running (false: nothing changed).
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'job id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pglockkit.jobs j WHERE j.id OPERATOR(pg_catalog.=) _job_not_found.id) THEN
+        RAISE EXCEPTION 'no job with id %', id
+            USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'jobs';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._job_not_found(bigint) IS
+    'Private: 42704 for an unknown job id (its TABLE field says jobs), else false (stale token or job not running).';
+
+CREATE FUNCTION pglockkit._keys_left(queues text[], keys text[]) RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -61,57 +168,132 @@ $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
     'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order.';
 
-CREATE FUNCTION pglockkit._pin_job_key(queue text, key text, lim integer) RETURNS void
-LANGUAGE plpgsql VOLATILE
+CREATE FUNCTION pglockkit.enqueue_job(
+    queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
+    dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5,
+    concurrency_key text DEFAULT NULL, concurrency_limit integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_id bigint;
 BEGIN
-    -- Work for this key is being added by the calling transaction: keep the key's row until it
-    -- commits, so that prune_jobs cannot delete it meanwhile (prune_jobs skips rows it cannot
-    -- lock FOR UPDATE). FOR KEY SHARE does not conflict with the claims' FOR NO KEY UPDATE.
-    IF _pin_job_key.queue IS NULL OR _pin_job_key.key IS NULL OR _pin_job_key.lim IS NULL THEN
-        RAISE EXCEPTION 'queue, key and lim must not be null' USING ERRCODE = 'null_value_not_allowed';
+    -- (use_column: the ON CONFLICT target names columns; every parameter below is qualified.)
+    PERFORM pglockkit._check_queue(enqueue_job.queue);
+    IF enqueue_job.payload IS NULL OR enqueue_job.run_at IS NULL OR enqueue_job.priority IS NULL
+       OR enqueue_job.max_attempts IS NULL THEN
+        RAISE EXCEPTION 'payload, run_at, priority and max_attempts must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT pg_catalog.isfinite(enqueue_job.run_at) THEN
+        RAISE EXCEPTION 'run_at must be a finite time, got %', enqueue_job.run_at USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
+    END IF;
+    -- The payload limit: read only for a payload over its smallest value, or compressed.
+    IF pg_catalog.pg_column_size(enqueue_job.payload) OPERATOR(pg_catalog.>) 4096
+       OR pg_catalog.pg_column_compression(enqueue_job.payload) IS NOT NULL THEN
+        PERFORM pglockkit._check_payloads(ARRAY[enqueue_job.payload]);
+    END IF;
+    IF enqueue_job.max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max_attempts % is out of range', enqueue_job.max_attempts
+            USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
+    END IF;
+    IF (enqueue_job.concurrency_key IS NULL) OPERATOR(pg_catalog.<>) (enqueue_job.concurrency_limit IS NULL) THEN
+        RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
+    END IF;
+    IF enqueue_job.concurrency_key OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue_job.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'concurrency_limit % is out of range', enqueue_job.concurrency_limit
+            USING ERRCODE = 'numeric_value_out_of_range', HINT = 'concurrency_limit is 1 to 10000.';
+    END IF;
+    IF enqueue_job.concurrency_key IS NOT NULL THEN
+        -- The key's row exists before any job with the key: claim_job's plain path relies on it.
+        INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
+        VALUES (enqueue_job.queue, enqueue_job.concurrency_key, 0, enqueue_job.concurrency_limit)
+        ON CONFLICT DO NOTHING;
     END IF;
     LOOP
-        PERFORM FROM pglockkit.job_keys k
-          WHERE k.queue OPERATOR(pg_catalog.=) _pin_job_key.queue AND k.key OPERATOR(pg_catalog.=) _pin_job_key.key
-            FOR KEY SHARE;
-        EXIT WHEN FOUND;
-        -- Pruned meanwhile (or never there): create it; ours until commit. If another transaction
-        -- created it first, lock that one.
-        INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
-        VALUES (_pin_job_key.queue, _pin_job_key.key, 0, _pin_job_key.lim)
-        ON CONFLICT DO NOTHING;
-        EXIT WHEN FOUND;
+        INSERT INTO pglockkit.jobs AS j (queue, payload, run_at, priority, dedup_key, max_attempts,
+                                         concurrency_key, concurrency_limit)
+        VALUES (enqueue_job.queue, enqueue_job.payload, enqueue_job.run_at, enqueue_job.priority,
+                enqueue_job.dedup_key, enqueue_job.max_attempts, enqueue_job.concurrency_key, enqueue_job.concurrency_limit)
+        ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
+        RETURNING j.id INTO v_id;
+        IF v_id IS NOT NULL THEN
+            PERFORM pg_catalog.pg_notify('pglockkit_jobs', enqueue_job.queue);
+            RETURN v_id;
+        END IF;
+        -- A pending job has this dedup key: return it. (If it finished in between, insert again.)
+        SELECT j.id INTO v_id FROM pglockkit.jobs j
+         WHERE j.queue OPERATOR(pg_catalog.=) enqueue_job.queue AND j.dedup_key OPERATOR(pg_catalog.=) enqueue_job.dedup_key
+           AND j.status IN ('queued', 'running');
+        IF v_id IS NOT NULL THEN
+            RETURN v_id;
+        END IF;
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pglockkit._pin_job_key(text, text, integer) IS
-    'Private: locks the job_keys row of (queue, key) FOR KEY SHARE until the transaction ends, creating it (running 0, limit lim) if it is gone, so that prune_jobs cannot delete the row of a key the transaction adds work to.';
+COMMENT ON FUNCTION pglockkit.enqueue_job(text, jsonb, timestamptz, integer, text, integer, text, integer) IS
+    'Adds a job and returns its id; NOTIFY pglockkit_jobs with the queue name wakes workers. A job is invisible until run_at. Higher priority is claimed first, then earlier run_at, then lower id. With a dedup_key, an unfinished (queued or running) job of the queue with that key is returned instead of a duplicate. With concurrency_key and concurrency_limit, at most that many jobs of the queue with that key run at once (other keys are not held up). run_at must be finite (22023); a payload over max_payload_bytes (pglockkit.settings) is refused with 54000.';
 
-CREATE FUNCTION pglockkit._pin_job_key_on_insert() RETURNS trigger
-LANGUAGE plpgsql VOLATILE
+CREATE FUNCTION pglockkit.enqueue_jobs(
+    queue text, payloads jsonb[], run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
+    max_attempts integer DEFAULT 5)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_ids bigint[];
 BEGIN
-    PERFORM pglockkit._pin_job_key(NEW.queue, NEW.concurrency_key, NEW.concurrency_limit);
-    RETURN NEW;
+    PERFORM pglockkit._check_queue(enqueue_jobs.queue);
+    IF payloads IS NULL OR pg_catalog.array_position(payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF enqueue_jobs.run_at IS NULL OR enqueue_jobs.priority IS NULL OR enqueue_jobs.max_attempts IS NULL THEN
+        RAISE EXCEPTION 'run_at, priority and max_attempts must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT pg_catalog.isfinite(enqueue_jobs.run_at) THEN
+        RAISE EXCEPTION 'run_at must be a finite time, got %', enqueue_jobs.run_at USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.unnest(payloads) AS p(payload)
+                WHERE pg_catalog.pg_column_size(p.payload) OPERATOR(pg_catalog.>) 4096
+                   OR pg_catalog.pg_column_compression(p.payload) IS NOT NULL) THEN
+        PERFORM pglockkit._check_payloads(payloads);
+    END IF;
+    IF enqueue_jobs.max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max_attempts % is out of range', enqueue_jobs.max_attempts
+            USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
+    END IF;
+    WITH inserted AS (
+        INSERT INTO pglockkit.jobs (queue, payload, run_at, priority, max_attempts)
+        SELECT enqueue_jobs.queue, p.payload, enqueue_jobs.run_at, enqueue_jobs.priority, enqueue_jobs.max_attempts
+          FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n)
+         ORDER BY p.n
+        RETURNING id
+    )
+    SELECT pg_catalog.array_agg(i.id ORDER BY i.id) INTO v_ids FROM inserted i;
+    IF v_ids IS NOT NULL THEN
+        PERFORM pg_catalog.pg_notify('pglockkit_jobs', enqueue_jobs.queue);
+    END IF;
+    RETURN coalesce(v_ids, '{}');
 END
 $$;
-COMMENT ON FUNCTION pglockkit._pin_job_key_on_insert() IS
-    'Private: BEFORE INSERT trigger of pglockkit.jobs for keyed jobs: pins the key''s job_keys row (see _pin_job_key).';
+COMMENT ON FUNCTION pglockkit.enqueue_jobs(text, jsonb[], timestamptz, integer, integer) IS
+    'Adds one job per payload in one statement (ids in payload order) and notifies once. run_at must be finite (22023); one payload over max_payload_bytes (pglockkit.settings) refuses the whole batch (54000).';
 
-CREATE TRIGGER jobs_pin_key BEFORE INSERT ON pglockkit.jobs
-    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
-    EXECUTE FUNCTION pglockkit._pin_job_key_on_insert();
-
-
-CREATE OR REPLACE FUNCTION pglockkit.claim_job(
+CREATE FUNCTION pglockkit.claim_job(
     queue text, worker text, lease interval DEFAULT '5 minutes', batch integer DEFAULT 1)
 RETURNS SETOF pglockkit.claimed_job
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 1
 SET search_path = pg_catalog, pg_temp
+SET enable_bitmapscan = off
+SET enable_seqscan = off
 -- A generic plan, made once per session: under the default (auto) mode PL/pgSQL re-planned this
 -- multi-CTE statement at every call, which cost more than executing it (measured: claim+complete
 -- 0.46 -> 0.74 of the bare statements).
@@ -392,7 +574,7 @@ BEGIN
     -- snapshot) are passed over. Then the rows of the keys this claim may change are locked in key
     -- order, SKIP LOCKED: a key whose row another transaction holds (a claim or a completion of
     -- that key, until it commits) is passed over too, so a claim never waits for a lock and can
-    -- be in no deadlock, whatever else its transaction holds (0020). Within the batch at most
+    -- be in no deadlock, whatever else its transaction holds. Within the batch at most
     -- limit - running jobs per key are kept, running read from the locked row. A key with a job
     -- buried here (dead on its last attempt's expiry) is not claimed in the same call, so that
     -- each key's row changes at most once per statement; a job whose key's row is held is not
@@ -571,11 +753,195 @@ BEGIN
     END LOOP;
 END
 $$;
-
 COMMENT ON FUNCTION pglockkit.claim_job(text, text, interval, integer) IS
     'Claims up to batch (1..1000) jobs of queue for worker, with a lease; never waits for a lock (SKIP LOCKED). Jobs whose lease expired are reclaimed first (counting an attempt; on the last attempt they go dead with "lease expired"), then due jobs by priority (higher first), run_at, id. A job with a concurrency key starts only while the key''s running jobs are fewer than the smallest concurrency_limit among its queued and running jobs; a key whose counter row another transaction holds at that moment is passed over by this claim. Each row carries a new fencing token for complete_job / fail_job / extend_job / release_job.';
 
-CREATE OR REPLACE FUNCTION pglockkit.retry_dead_jobs(queue text, ids bigint[] DEFAULT NULL) RETURNS integer
+CREATE FUNCTION pglockkit.complete_job(id bigint, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
+BEGIN
+    UPDATE pglockkit.jobs j
+       SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
+     WHERE j.id OPERATOR(pg_catalog.=) complete_job.id AND j.token OPERATOR(pg_catalog.=) complete_job.token
+       AND j.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(complete_job.id);
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.complete_job(bigint, bigint) IS
+    'Marks a running job done. True if token is the job''s current claim; false (nothing changed) if the token is stale (the job was reclaimed) or the job is not running; 42704 for an unknown id.';
+
+CREATE FUNCTION pglockkit.complete_jobs(ids bigint[], tokens bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_done   integer;
+    v_queues text[];
+    v_keys   text[];
+BEGIN
+    IF ids IS NULL OR tokens IS NULL THEN
+        RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+        RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH done AS (
+        UPDATE pglockkit.jobs j
+           SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
+          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         WHERE j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
+           AND j.status OPERATOR(pg_catalog.=) 'running'
+        RETURNING j.queue, j.concurrency_key
+    )
+    SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
+      INTO v_done, v_queues, v_keys
+      FROM done d;
+    IF v_done OPERATOR(pg_catalog.>) 0 THEN
+        PERFORM pglockkit._keys_left(v_queues, v_keys);
+    END IF;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.complete_jobs(bigint[], bigint[]) IS
+    'Completes many claimed jobs in one statement (one commit for a whole batch); returns how many (id, token) pairs were current. Stale or unknown pairs are skipped.';
+
+CREATE FUNCTION pglockkit.fail_job(id bigint, token bigint, error text, retry_in interval DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_now    timestamptz := pg_catalog.clock_timestamp();
+    v_status text;
+    v_queue  text;
+    v_key    text;
+BEGIN
+    IF NOT pg_catalog.isfinite(retry_in) THEN  -- infinite intervals exist from PostgreSQL 17 on
+        RAISE EXCEPTION 'retry_in must be finite, got %', retry_in USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'To stop retrying a job, cancel_job it.';
+    END IF;
+    IF retry_in IS NOT NULL AND retry_in OPERATOR(pg_catalog.<) interval '0' THEN
+        RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pglockkit.jobs j
+       SET status = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN 'dead' ELSE 'queued' END,
+           run_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN j.run_at
+                         ELSE v_now OPERATOR(pg_catalog.+) coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
+           finished_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN v_now END,
+           last_error = fail_job.error, lease_expires_at = NULL
+     WHERE j.id OPERATOR(pg_catalog.=) fail_job.id AND j.token OPERATOR(pg_catalog.=) fail_job.token
+       AND j.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING j.status, j.queue, j.concurrency_key INTO v_status, v_queue, v_key;
+    IF v_status IS NULL THEN
+        PERFORM pglockkit._job_not_found(fail_job.id);
+        RETURN 'stale';
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    RETURN v_status;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.fail_job(bigint, bigint, text, interval) IS
+    'Records a failed attempt: returns ''queued'' (retried after retry_in, else exponential backoff with jitter), ''dead'' (that was the last attempt; kept for inspection and retry_dead_jobs), or ''stale'' (token not current: nothing changed). retry_in must be finite and not negative (22023).';
+
+CREATE FUNCTION pglockkit.extend_job(id bigint, token bigint, lease interval) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM pglockkit._check_lease(extend_job.lease);
+    UPDATE pglockkit.jobs j
+       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_job.lease
+     WHERE j.id OPERATOR(pg_catalog.=) extend_job.id AND j.token OPERATOR(pg_catalog.=) extend_job.token
+       AND j.status OPERATOR(pg_catalog.=) 'running';
+    RETURN FOUND OR pglockkit._job_not_found(extend_job.id);
+END
+$$;
+COMMENT ON FUNCTION pglockkit.extend_job(bigint, bigint, interval) IS
+    'Heartbeat: the job''s lease now ends lease from now. False if the token is stale: stop working on it.';
+
+CREATE FUNCTION pglockkit.release_job(id bigint, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
+BEGIN
+    UPDATE pglockkit.jobs j
+       SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
+           run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
+     WHERE j.id OPERATOR(pg_catalog.=) release_job.id AND j.token OPERATOR(pg_catalog.=) release_job.token
+       AND j.status OPERATOR(pg_catalog.=) 'running'
+    RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(release_job.id);
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    PERFORM pg_catalog.pg_notify('pglockkit_jobs', v_queue);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.release_job(bigint, bigint) IS
+    'Gives a claimed job back unstarted (a worker shutting down): queued again at once, the attempt not counted. False if the token is stale.';
+
+CREATE FUNCTION pglockkit.cancel_job(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_queue text;
+    v_key   text;
+BEGIN
+    WITH old AS (
+        SELECT j.id, j.status FROM pglockkit.jobs j
+         WHERE j.id OPERATOR(pg_catalog.=) cancel_job.id AND j.status IN ('queued', 'running')
+           FOR UPDATE
+    )
+    UPDATE pglockkit.jobs j
+       SET status = 'cancelled', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
+      FROM old
+     WHERE j.id OPERATOR(pg_catalog.=) old.id
+    RETURNING j.queue, CASE WHEN old.status OPERATOR(pg_catalog.=) 'running' THEN j.concurrency_key END
+         INTO v_queue, v_key;
+    IF NOT FOUND THEN
+        RETURN pglockkit._job_not_found(cancel_job.id);
+    END IF;
+    IF v_key IS NOT NULL THEN
+        PERFORM pglockkit._keys_left(ARRAY[v_queue], ARRAY[v_key]);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.cancel_job(bigint) IS
+    'Cancels a queued or running job (a running job''s worker then gets false from complete_job). False if it had already finished; 42704 for an unknown id.';
+
+CREATE FUNCTION pglockkit.retry_dead_jobs(queue text, ids bigint[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -599,7 +965,7 @@ BEGIN
       FROM requeued r;
     IF v_keys IS NOT NULL THEN
         -- The keys of the jobs queued again keep (or get back) their rows: prune_jobs may have
-        -- deleted them while the jobs were dead (0020).
+        -- deleted them while the jobs were dead.
         PERFORM pglockkit._pin_job_key(retry_dead_jobs.queue, g.key, g.lim)
            FROM (SELECT x.key, pg_catalog.min(x.lim) AS lim
                    FROM ROWS FROM (pg_catalog.unnest(v_keys), pg_catalog.unnest(v_limits)) AS x(key, lim)
@@ -611,8 +977,10 @@ BEGIN
     RETURN v_n;
 END
 $$;
+COMMENT ON FUNCTION pglockkit.retry_dead_jobs(text, bigint[]) IS
+    'Queues dead jobs of a queue again (all, or those in ids) with a fresh set of attempts; returns how many. last_error is kept until the next failure.';
 
-CREATE OR REPLACE FUNCTION pglockkit.prune_jobs(older_than interval, queue text DEFAULT NULL, include_dead boolean DEFAULT false)
+CREATE FUNCTION pglockkit.prune_jobs(older_than interval, queue text DEFAULT NULL, include_dead boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -664,4 +1032,180 @@ $$;
 COMMENT ON FUNCTION pglockkit.prune_jobs(interval, text, boolean) IS
     'Deletes done and cancelled jobs (and dead ones with include_dead) that finished more than older_than ago, in one queue or all; returns how many. Also deletes the job_keys rows of concurrency keys with no queued or running job (whatever older_than), which gives a queue whose keys are all idle the claim path of a queue without keys again. Never waits for a claim. Run it from cron, e.g. prune_jobs(''7 days'').';
 
-DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
+CREATE VIEW pglockkit.queue_stats AS
+SELECT j.queue,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
+       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
+       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+           -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
+           pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
+       pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
+                                    AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
+  FROM pglockkit.jobs j
+ GROUP BY j.queue;
+COMMENT ON VIEW pglockkit.queue_stats IS
+    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity) and jobs done in the last minute. Scans the table: for dashboards, not hot paths.';
+
+CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
+
+CREATE FUNCTION pglockkit.extend_jobs(ids bigint[], tokens bigint[], lease interval) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    IF ids IS NULL OR tokens IS NULL THEN
+        RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+        RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pglockkit._check_lease(extend_jobs.lease);
+    WITH mine AS (
+        SELECT j.id
+          FROM pglockkit.jobs j
+          JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+            ON j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
+         WHERE j.status OPERATOR(pg_catalog.=) 'running'
+           FOR NO KEY UPDATE OF j SKIP LOCKED
+    )
+    UPDATE pglockkit.jobs j
+       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_jobs.lease
+      FROM mine
+     WHERE j.id OPERATOR(pg_catalog.=) mine.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.extend_jobs(bigint[], bigint[], interval) IS
+    'Heartbeat for many jobs in one statement: each job whose (id, token) is its current claim and that is running now has its lease end lease from now. Returns how many were extended. Stale or unknown pairs are skipped, and so is a job row locked by another transaction (it is being completed, failed or claimed right now): never waits.';
+
+-- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
+CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
+    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
+
+CREATE FUNCTION pglockkit._pin_job_key(queue text, key text, lim integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Work for this key is being added by the calling transaction: keep the key's row until it
+    -- commits, so that prune_jobs cannot delete it meanwhile (prune_jobs skips rows it cannot
+    -- lock FOR UPDATE). FOR KEY SHARE does not conflict with the claims' FOR NO KEY UPDATE.
+    IF _pin_job_key.queue IS NULL OR _pin_job_key.key IS NULL OR _pin_job_key.lim IS NULL THEN
+        RAISE EXCEPTION 'queue, key and lim must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    LOOP
+        PERFORM FROM pglockkit.job_keys k
+          WHERE k.queue OPERATOR(pg_catalog.=) _pin_job_key.queue AND k.key OPERATOR(pg_catalog.=) _pin_job_key.key
+            FOR KEY SHARE;
+        EXIT WHEN FOUND;
+        -- Pruned meanwhile (or never there): create it; ours until commit. If another transaction
+        -- created it first, lock that one.
+        INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
+        VALUES (_pin_job_key.queue, _pin_job_key.key, 0, _pin_job_key.lim)
+        ON CONFLICT DO NOTHING;
+        EXIT WHEN FOUND;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._pin_job_key(text, text, integer) IS
+    'Private: locks the job_keys row of (queue, key) FOR KEY SHARE until the transaction ends, creating it (running 0, limit lim) if it is gone, so that prune_jobs cannot delete the row of a key the transaction adds work to.';
+
+CREATE FUNCTION pglockkit._pin_job_key_on_insert() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglockkit._pin_job_key(NEW.queue, NEW.concurrency_key, NEW.concurrency_limit);
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._pin_job_key_on_insert() IS
+    'Private: BEFORE INSERT trigger of pglockkit.jobs for keyed jobs: pins the key''s job_keys row (see _pin_job_key).';
+
+CREATE TRIGGER jobs_pin_key BEFORE INSERT ON pglockkit.jobs
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
+    EXECUTE FUNCTION pglockkit._pin_job_key_on_insert();
+
+CREATE TABLE pglockkit.config (
+    singleton         boolean PRIMARY KEY DEFAULT true CONSTRAINT config_one_row CHECK (singleton),
+    max_payload_bytes integer NOT NULL DEFAULT 1048576
+                      CONSTRAINT config_max_payload_bytes_range CHECK (max_payload_bytes BETWEEN 4096 AND 268435455)
+);
+COMMENT ON TABLE pglockkit.config IS
+    'pglockkit''s settings: one row. Change them with the set_* functions (pglockkit_admin); read them in pglockkit.settings.';
+
+INSERT INTO pglockkit.config DEFAULT VALUES;
+
+CREATE VIEW pglockkit.settings AS
+SELECT 'max_payload_bytes'::text AS name, c.max_payload_bytes::bigint AS value,
+       'The largest job payload enqueue_job and enqueue_jobs accept, in bytes of the uncompressed jsonb value (pg_column_size); 54000 above it. Set with set_max_payload_bytes.'::text AS description
+  FROM pglockkit.config c;
+COMMENT ON VIEW pglockkit.settings IS
+    'pglockkit''s settings, one row each: name, value, what it does. Readable by every pglockkit_user; pglockkit_admin changes them with the set_* functions.';
+
+CREATE FUNCTION pglockkit.set_max_payload_bytes(bytes integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_old integer;
+BEGIN
+    IF set_max_payload_bytes.bytes IS NULL THEN
+        RAISE EXCEPTION 'bytes must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF set_max_payload_bytes.bytes NOT BETWEEN 4096 AND 268435455 THEN
+        RAISE EXCEPTION 'max_payload_bytes % is out of range', set_max_payload_bytes.bytes
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  HINT = 'max_payload_bytes is 4096 (4 kB) to 268435455 (jsonb''s own maximum, 256 MB).';
+    END IF;
+    SELECT c.max_payload_bytes INTO v_old FROM pglockkit.config c FOR UPDATE;
+    UPDATE pglockkit.config c SET max_payload_bytes = set_max_payload_bytes.bytes;
+    RETURN v_old;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.set_max_payload_bytes(integer) IS
+    'Sets the largest job payload enqueue_job and enqueue_jobs accept (bytes of the uncompressed jsonb, 4096 to 268435455; default 1048576) and returns the previous limit. pglockkit_admin only. Jobs already queued are kept.';
+
+CREATE FUNCTION pglockkit._check_payloads(payloads jsonb[]) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_limit integer;
+    v_n     bigint;
+    v_size  integer;
+BEGIN
+    -- Called (by the enqueue functions, as their owner) only when a payload arrived over 4096
+    -- bytes or TOAST-compressed (read from a table): #> '{}' returns the value uncompressed.
+    SELECT c.max_payload_bytes INTO v_limit FROM pglockkit.config c;
+    SELECT p.n, s.size INTO v_n, v_size
+      FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n),
+           LATERAL (SELECT pg_catalog.pg_column_size(p.payload OPERATOR(pg_catalog.#>) '{}'::text[]) AS size) s
+     WHERE s.size OPERATOR(pg_catalog.>) v_limit
+     ORDER BY p.n
+     LIMIT 1;
+    IF v_n IS NOT NULL THEN
+        RAISE EXCEPTION 'job payload%is % bytes, over the limit max_payload_bytes %',
+            CASE WHEN pg_catalog.cardinality(payloads) OPERATOR(pg_catalog.>) 1
+                 THEN pg_catalog.format(' %s of %s ', v_n, pg_catalog.cardinality(payloads)) ELSE ' ' END,
+            v_size, v_limit
+            USING ERRCODE = 'program_limit_exceeded',
+                  DETAIL = 'The size is pg_column_size of the uncompressed jsonb value. Nothing was enqueued.',
+                  HINT = 'Store large data elsewhere and enqueue a reference to it; or pglockkit_admin raises the limit: SELECT pglockkit.set_max_payload_bytes(n);';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._check_payloads(jsonb[]) IS
+    'Private: 54000 naming the first payload over max_payload_bytes (uncompressed jsonb size), with its size and the limit.';

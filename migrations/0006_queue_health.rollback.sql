@@ -1,2 +1,0 @@
-DROP VIEW pglockkit.xmin_horizon;
-DROP VIEW pglockkit.table_health;

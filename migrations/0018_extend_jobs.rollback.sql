@@ -1,3 +1,0 @@
--- Back to one extend_job per job.
-
-DROP FUNCTION pglockkit.extend_jobs(bigint[], bigint[], interval);
