@@ -136,7 +136,7 @@ _BY_SQLSTATE: dict[str, type[PglockkitError]] = {
 }
 
 
-# 42704 by the table the server looked in (the error's SCHEMA and TABLE fields, set since 0022).
+# 42704 by the table the server looked in (the error's SCHEMA and TABLE fields).
 _UNKNOWN_BY_TABLE: dict[tuple[str, str], type[UnknownObject]] = {
     ("pglockkit", "namespaces"): UnknownNamespace,
     ("pglockkit", "jobs"): UnknownJob,
