@@ -1,4 +1,4 @@
-"""Seed 004's pgbench comparison: ``pglockkit.xact_lock`` vs a bare ``pg_advisory_xact_lock`` vs
+"""The pgbench comparison: ``pglockkit.xact_lock`` vs a bare ``pg_advisory_xact_lock`` vs
 ``SELECT ... FOR UPDATE`` on a row, each run by pgbench with a custom script.
 
 What is measured

@@ -24,7 +24,7 @@ share the CPUs with the server.
 
 2. Scaling (``--workers``, default 1, 2, 4, 8, 16 threads). Each job's "work" is a
    ``time.sleep(--work-ms / 1000)`` between claim and complete, so the swarm's parallelism shows.
-   Baseline: the design of seed 001, one global advisory lock around each unit of work
+   Baseline: the design that serializes a swarm, one global advisory lock around each unit of work
    (``pg_advisory_lock(42)``, sleep, ``pg_advisory_unlock(42)``). Reported: throughput per worker
    count and effective parallelism, throughput(N) / throughput(1). The queue should keep rising
    (until the CPUs run out); the global lock stays flat at about 1 / work time.
@@ -283,7 +283,7 @@ def bare_design(name: str, queue: Queue, work_s: float = 0.0) -> Design:
 
 
 def global_lock_design(name: str, work_s: float) -> Design:
-    """Seed 001: one advisory lock around every unit of work serialises the swarm."""
+    """One advisory lock around every unit of work serialises the swarm."""
 
     def step(conn: psycopg.Connection, worker: str, timed: bool) -> int:
         conn.execute(LOCK_SQL, prepare=True)
@@ -594,6 +594,7 @@ def section_backlog(dsn: str, conn: psycopg.Connection, args: argparse.Namespace
             large,
         ),
     ]
+
     def run_case(key: str, label: str, queue: Queue, pending: int, done: int, later: int) -> dict[str, Any]:
         reset_jobs(conn)
         queue.pending = 0  # (a) runs more than once: its jobs went with the reset
@@ -741,7 +742,7 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], results: dict
             "",
             f"## 2. Scaling: {settings['work_ms']:g} ms of simulated work per job",
             "",
-            f"Queue: claim, `sleep({settings['work_ms'] / 1000:g})`, complete. Global lock (seed 001): "
+            f"Queue: claim, `sleep({settings['work_ms'] / 1000:g})`, complete. Global lock: "
             f"`pg_advisory_lock({GLOBAL_LOCK_KEY})`, sleep, `pg_advisory_unlock({GLOBAL_LOCK_KEY})`. "
             "Parallelism = throughput / throughput with 1 worker (ideal = workers). Runs interleaved.",
             "",

@@ -8,7 +8,7 @@ another on the same server:
   independence, batch claim);
 - ``lease``: ``bench.lease_throughput`` (acquire + release vs a bare upsert);
 - ``monitoring``: ``bench.monitoring_cost`` (views and ``sample()`` vs the bare ``pg_locks`` join);
-- ``pgbench``: ``bench.pgbench_compare`` (seed 004: ``xact_lock`` vs ``pg_advisory_xact_lock`` vs
+- ``pgbench``: ``bench.pgbench_compare`` (``xact_lock`` vs ``pg_advisory_xact_lock`` vs
   ``SELECT ... FOR UPDATE`` with pgbench);
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
@@ -111,7 +111,7 @@ SECTIONS = [
     ),
     Section(
         "pgbench",
-        "pgbench: xact_lock vs pg_advisory_xact_lock vs SELECT ... FOR UPDATE (seed 004)",
+        "pgbench: xact_lock vs pg_advisory_xact_lock vs SELECT ... FOR UPDATE",
         pgbench_compare,
         ("--seconds", "1", "--runs", "3", "--clients", "1,2,4,8,16"),
         ("--seconds", "1", "--runs", "1", "--clients", "2"),

@@ -1,4 +1,4 @@
-"""One writer per LangGraph graph across replicas (seed 003), with pglockkit's sole_writer.
+"""One writer per LangGraph graph across replicas, with pglockkit's sole_writer.
 
 Every replica (pod, process) runs the same periodic tick: invoke the compiled graph. Through
 ``sole_writer`` exactly one replica runs it; the others skip at once (they never queue up behind

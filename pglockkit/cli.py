@@ -149,7 +149,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
 
 
 def render_namespaces_markdown(rows: list[dict]) -> str:
-    """The namespace table that a service README keeps (seed 004): one row per namespace."""
+    """The namespace table that a service README keeps for on-call: one row per namespace."""
     lines = [
         "| id | namespace | pg_locks classid range | default lock timeout | description |",
         "|---:|---|---|---|---|",
@@ -405,7 +405,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         _print_rows(
             conn,
             "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
-            # As text: a run_at of +-infinity (stored before such times were refused) has no Python datetime.
+            # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
             "date_trunc('seconds', run_at)::text AS run_at, worker, left(payload::text, 40) AS payload, "
             "left(last_error, 40) AS last_error FROM pglockkit.jobs "
             "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",

@@ -1,4 +1,4 @@
-"""``pglockkit demo``: seed 001's story, measured live on a real server.
+"""``pglockkit demo``: a swarm serialized behind one advisory lock, measured live on a real server.
 
 A swarm of agents (threads, one connection each) does units of simulated work, a sleep plus one
 ``INSERT``, coordinated in three ways, for each agent count of a sweep:
@@ -343,7 +343,7 @@ class Demo:
         ).fetchone()[0]
         if not found:
             raise NotInstalled(
-                "pglockkit (migration 0007 or later) is not installed in this database: "
+                "pglockkit (with contention_report) is not installed in this database: "
                 "run `pglockkit install` with the same --dsn first"
             )
         known = {r["name"] for r in locks.namespaces(conn)}

@@ -53,7 +53,7 @@ def doctor(
     idle_after: timedelta = timedelta(seconds=30),
     lag_after: timedelta = timedelta(minutes=5),
 ) -> list[Finding]:
-    """Check a database for the hazards of the seeds; returns findings, most severe first."""
+    """Check a database for lock, queue and pooler hazards; returns findings, most severe first."""
     findings: list[Finding] = []
 
     for r in _rows(

@@ -1,5 +1,5 @@
-"""``pglockkit demo``: seed 001 measured live. The global lock must serialize the swarm, the queue
-and the sharded keys must not, and contention_report must name the global key."""
+"""``pglockkit demo``: a swarm behind one lock, measured live. The global lock must serialize the
+swarm, the queue and the sharded keys must not, and contention_report must name the global key."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_default_is_the_embedded_server(tmp_path):
 def test_a_database_without_pglockkit_is_a_clear_error(empty_db):
     out = run_demo("--dsn", empty_db, "--agents", "1", "--seconds", "0.1")
     assert out.returncode == 1
-    assert "pglockkit demo: error: pglockkit (migration 0007 or later) is not installed" in out.stderr
+    assert "pglockkit demo: error: pglockkit (with contention_report) is not installed" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -227,7 +227,7 @@ INTERVALS = [
 SMALL_INTERVALS = ["1 microsecond", "1 ms", "50 ms", "200 ms", "5 minutes", "1 hour"]
 # fail_job(retry_in), sample(retention), prune_jobs(older_than) and contention_report(since) get
 # every interval, and may answer one that takes clock_timestamp() out of the timestamp range with
-# 22008 (documented in the README's SQLSTATE table).
+# 22008 (documented in docs/errors.md).
 
 
 def interval_values(domain=SMALL_INTERVALS):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pglockkit import lock_key, namespace_id
 from pglockkit.keys import pg_locks_ids
 
-# (namespace id, resource, key): the examples fixed in DESIGN.md and the README.
+# (namespace id, resource, key): the examples fixed in DESIGN.md and docs/locks.md.
 VECTORS = [
     (1, "restock_plan", 458487468674308),
     (7301, "tenant:42", 2055230974443318157),

@@ -1,4 +1,4 @@
-"""Seed 003 with the real LangGraph: replicas (separate processes, released together by a barrier)
+"""One writer per graph with the real LangGraph: replicas (separate processes, released together by a barrier)
 invoke one compiled graph through sole_writer; one runs, the others skip, and a graph that raises
 still releases the lock. Runs examples/langgraph_replicas.py, sync and async, on both servers.
 

@@ -1,5 +1,5 @@
-"""Advisory-lock helpers against real servers: the contract tests of seed 003 (one writer per
-graph), timeouts, deadlock freedom by ordering, row locks, and bad input."""
+"""Advisory-lock helpers against real servers: the contract tests of one writer per
+LangGraph graph, timeouts, deadlock freedom by ordering, row locks, and bad input."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _advisory_locks_of(conn, pid):
     ).fetchone()[0]
 
 
-# --- seed 003: one writer per graph -------------------------------------------------------------
+# --- one writer per graph ----------------------------------------------------------------------
 
 
 def _race(db, ns, tick):

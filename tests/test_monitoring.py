@@ -438,7 +438,7 @@ def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as
 
 
 def test_advisory_locks_shows_user_and_hides_state_and_query_of_unseen_sessions(db, as_reader):
-    """What the README and the view's comment promise for a session the reader may not see: its
+    """What docs/monitoring.md and the view's comment promise for a session the reader may not see: its
     user and application are shown, its state and client are NULL, its query reads
     <insufficient privilege> (as in pg_stat_activity); a reader who may see it gets everything."""
     db.conn.execute("SELECT pglockkit.register_namespace('app')")

@@ -2,7 +2,7 @@
 
 What works through transaction pooling: transaction locks, the queue (exactly once under SIGKILL),
 leases. What is refused: ``sole_writer`` (any pool mode). What cannot be refused and leaks: plain
-SQL session locks (``try_lock``), shown here as the hazard the README warns about. Through session
+SQL session locks (``try_lock``), shown here as the hazard docs/pgbouncer.md warns about. Through session
 pooling session locks work per client connection; on disconnect, the default ``server_reset_query``
 (``DISCARD ALL``) releases them, and an empty one leaks them to the next client.
 """

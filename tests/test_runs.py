@@ -215,7 +215,7 @@ def test_a_rolled_back_or_failed_start_run_does_not_block_the_slot(db):
 def test_prune_runs_deletes_finished_runs_only(db):
     """Issue 13 item 11: pruning runs. Finished runs older than older_than go; a running one stays.
     A pruned slot's row is gone, so start_run would run that slot again: prune only slots that no
-    pod can still start (the README says so)."""
+    pod can still start (docs/runs.md says so)."""
     with db.connect() as a:
         ok = start_run(a, "prune", "s1", "a")
         assert finish_run(a, ok, True)
