@@ -76,7 +76,7 @@ BEGIN
     IF ns IS NULL THEN
         RAISE EXCEPTION 'lock namespace must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         RAISE EXCEPTION 'unknown lock namespace "%"', ns
             USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'namespaces',
@@ -106,7 +106,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::int8 OPERATOR(pg_catalog.<<) 47) THEN
         RAISE EXCEPTION 'integer lock resource % is out of range', resource
             USING ERRCODE = 'numeric_value_out_of_range',
                   HINT = 'Integer resources must satisfy 0 <= id < 2^47 (140737488355328); hash larger values as text.';
@@ -128,7 +128,7 @@ BEGIN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- The lookup is inline (not a call to _ns_id) because this is every lock call's path.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -151,10 +151,10 @@ CREATE FUNCTION pglockkit.decode_key(
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN key OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+    SELECT CASE WHEN key > 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
            (SELECT n.name FROM pglockkit.namespaces n
-             WHERE key OPERATOR(pg_catalog.>) 0 AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
-           CASE WHEN key OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
+             WHERE key > 0 AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
+           CASE WHEN key <= 0 THEN 'foreign'
                 WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
                 ELSE 'integer' END,
            key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
@@ -212,9 +212,9 @@ BEGIN
         RETURN v_id;
     END IF;
 
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) register_namespace.name;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
     IF v_id IS NOT NULL THEN
-        IF register_namespace.id IS NOT NULL AND v_id OPERATOR(pg_catalog.<>) register_namespace.id THEN
+        IF register_namespace.id IS NOT NULL AND v_id <> register_namespace.id THEN
             RAISE EXCEPTION 'namespace "%" is already registered with id %, not %', register_namespace.name, v_id, register_namespace.id
                 USING ERRCODE = 'unique_violation',
                       HINT = 'Namespace ids are permanent: keys computed with the old id are in use. Register without an id, or with the existing one.';
@@ -224,7 +224,7 @@ BEGIN
            SET description  = coalesce(register_namespace.description, n.description),
                lock_timeout = coalesce(register_namespace.lock_timeout, n.lock_timeout),
                updated_at   = pg_catalog.clock_timestamp()
-         WHERE n.id OPERATOR(pg_catalog.=) v_id
+         WHERE n.id = v_id
            AND (register_namespace.description IS NOT NULL OR register_namespace.lock_timeout IS NOT NULL);
         RETURN v_id;
     END IF;
@@ -280,9 +280,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(pg_catalog.string_agg(l.pid::text, ', ' ORDER BY l.pid), 'unknown')
       FROM pg_catalog.pg_locks l
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+     WHERE l.locktype = 'advisory' AND l.granted
        AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND l.objsubid = 1
        AND l.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
        AND l.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid
 $$;
@@ -295,7 +295,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- Whole milliseconds, at least 1: lock_timeout = 0 would mean "wait forever".
     SELECT pg_catalog.set_config('lock_timeout',
-        (SELECT CASE WHEN ms OPERATOR(pg_catalog.<) 1 THEN 1 ELSE ms END
+        (SELECT CASE WHEN ms < 1 THEN 1 ELSE ms END
            FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', timeout) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
         )::text OPERATOR(pg_catalog.||) 'ms',
         true)
@@ -345,7 +345,7 @@ BEGIN
         RETURN key;
     END IF;
     PERFORM pglockkit._xact_lock_wait(ns, label, key, coalesce(timeout,
-        (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns)));
+        (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns)));
     RETURN key;
 END
 $$;
@@ -365,7 +365,7 @@ DECLARE
     v_done     bigint[] := '{}';
 BEGIN
     PERFORM pglockkit._check_timeout(timeout);
-    v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns));
+    v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns));
     v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) v_timeout;
     -- Ascending key order is what makes two callers unable to deadlock on the same set.
     FOR v_key, v_label IN
@@ -447,7 +447,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -465,11 +465,11 @@ DECLARE
     v_id smallint;
 BEGIN
     -- lock_key, inline.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
-    IF resource IS NULL OR resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource IS NULL OR resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
         PERFORM pglockkit._key(v_id, resource);  -- raises the error that fits (22004 or 22003)
     END IF;
     RETURN pg_catalog.pg_try_advisory_xact_lock(
@@ -491,7 +491,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -516,11 +516,11 @@ DECLARE
     v_key bigint;
 BEGIN
     -- lock_key, inline.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
-    IF resource IS NULL OR resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource IS NULL OR resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
         v_key := pglockkit._key(v_id, resource);  -- raises the error that fits (22004 or 22003)
     END IF;
     v_key := (v_id::pg_catalog.int8 OPERATOR(pg_catalog.<<) 48) OPERATOR(pg_catalog.|) resource;
@@ -606,9 +606,9 @@ BEGIN
     SELECT c.relkind, a.atttypid INTO v_kind, v_type
       FROM pg_catalog.pg_class c
       LEFT JOIN pg_catalog.pg_attribute a
-             ON a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'id'
-            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-     WHERE c.oid OPERATOR(pg_catalog.=) tbl;
+             ON a.attrelid = c.oid AND a.attname = 'id'
+            AND a.attnum > 0 AND NOT a.attisdropped
+     WHERE c.oid = tbl;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'relation with OID % does not exist', tbl::oid USING ERRCODE = 'undefined_table';
     END IF;
@@ -619,7 +619,7 @@ BEGIN
                           ELSE pg_catalog.format('relation of kind %L', v_kind) END;
     IF v_kind OPERATOR(pg_catalog.<>) ALL ('{r,p,v,f}'::"char"[]) THEN
         RAISE EXCEPTION '% is %, not a table: lock_rows locks rows of a table, partitioned table, view or foreign table', tbl,
-                        CASE WHEN v_kind OPERATOR(pg_catalog.=) 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
+                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
             USING ERRCODE = 'wrong_object_type';
     END IF;
     IF v_type IS NULL THEN
@@ -702,11 +702,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks k
-         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+         WHERE k.locktype = 'advisory' AND k.granted
            AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                    WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
            AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
-           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.objsubid = 1
            AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
            AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
 $$;
@@ -721,10 +721,10 @@ BEGIN
     IF name IS NULL OR holder IS NULL OR ttl IS NULL THEN
         RAISE EXCEPTION 'lease name, holder and ttl must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF name OPERATOR(pg_catalog.=) '' THEN
+    IF name = '' THEN
         RAISE EXCEPTION 'lease name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF holder OPERATOR(pg_catalog.=) '' THEN
+    IF holder = '' THEN
         RAISE EXCEPTION 'lease holder must not be empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
     END IF;
@@ -766,10 +766,10 @@ BEGIN
     -- A new name (or one whose row prune_leases deleted) first gets a row that is free; this
     -- transaction takes it below, like any free lease, with a token drawn once the row is ours.
     LOOP
-        SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name FOR UPDATE;
+        SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
         EXIT WHEN FOUND;
         v_tries := v_tries OPERATOR(pg_catalog.+) 1;
-        IF v_tries OPERATOR(pg_catalog.>) 3 THEN
+        IF v_tries > 3 THEN
             -- Under REPEATABLE READ or SERIALIZABLE: the row was created after our snapshot.
             RAISE EXCEPTION 'lease "%" was created or deleted concurrently', acquire_lease.name
                 USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
@@ -781,12 +781,12 @@ BEGIN
     END LOOP;
 
     v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
-    IF v_row.released_at IS NULL AND v_row.expires_at OPERATOR(pg_catalog.>) v_now THEN
-        IF v_row.holder OPERATOR(pg_catalog.=) acquire_lease.holder THEN
+    IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
+        IF v_row.holder = acquire_lease.holder THEN
             -- The live holder acquiring again: a renewal, same token.
             UPDATE pglockkit.leases l
                SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
-             WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name;
+             WHERE l.name = acquire_lease.name;
             RETURN v_row.token;
         END IF;
         -- Held by another. A session-bound lease is free early only if its holder's backend is gone:
@@ -794,7 +794,7 @@ BEGIN
         IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
             RETURN NULL;
         END IF;
-        IF v_row.holder_pid OPERATOR(pg_catalog.=) v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
+        IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
             RETURN NULL;
         END IF;
         IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
@@ -812,9 +812,9 @@ BEGIN
            expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
            session_bound = bind_session, holder_pid = v_pid,
            session_key = v_bind
-     WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name;
+     WHERE l.name = acquire_lease.name;
 
-    IF v_row.session_bound AND v_row.holder_pid OPERATOR(pg_catalog.=) v_pid
+    IF v_row.session_bound AND v_row.holder_pid = v_pid
        AND v_row.session_key IS DISTINCT FROM v_bind
        AND pglockkit._advisory_held(v_row.session_key, true) THEN
         -- This session bound the lease before and takes it again unbound (or held an older kind
@@ -848,11 +848,11 @@ BEGIN
     END IF;
     UPDATE pglockkit.leases l
        SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) renew_lease.ttl
-     WHERE l.name OPERATOR(pg_catalog.=) renew_lease.name
-       AND l.holder OPERATOR(pg_catalog.=) renew_lease.holder
-       AND l.token OPERATOR(pg_catalog.=) renew_lease.token
+     WHERE l.name = renew_lease.name
+       AND l.holder = renew_lease.holder
+       AND l.token = renew_lease.token
        AND l.released_at IS NULL
-       AND l.expires_at OPERATOR(pg_catalog.>) v_now;
+       AND l.expires_at > v_now;
     IF NOT FOUND THEN
         -- Lost: a bound holder lets go of its key (it would block nobody, but it is no longer ours).
         PERFORM pglockkit._lease_drop_stale_key(renew_lease.name);
@@ -879,9 +879,9 @@ BEGIN
     END IF;
     UPDATE pglockkit.leases l
        SET released_at = pg_catalog.clock_timestamp()
-     WHERE l.name OPERATOR(pg_catalog.=) release_lease.name
-       AND l.holder OPERATOR(pg_catalog.=) release_lease.holder
-       AND l.token OPERATOR(pg_catalog.=) release_lease.token
+     WHERE l.name = release_lease.name
+       AND l.holder = release_lease.holder
+       AND l.token = release_lease.token
        AND l.released_at IS NULL
     RETURNING l.session_bound, l.session_key INTO v_bound, v_key;
     IF NOT FOUND THEN
@@ -910,12 +910,12 @@ BEGIN
     END IF;
     -- FOR SHARE: until this transaction ends, nobody can renew, release or take over the lease,
     -- so the write it guards commits under the token it checked.
-    SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name OPERATOR(pg_catalog.=) check_fence.name FOR SHARE;
+    SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = check_fence.name FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'fence check failed: no lease named "%"', check_fence.name
             USING ERRCODE = 'PK001', HINT = 'Acquire the lease first: SELECT pglockkit.acquire_lease(name, holder, ttl).';
     END IF;
-    IF v_row.token OPERATOR(pg_catalog.<>) check_fence.token THEN
+    IF v_row.token <> check_fence.token THEN
         RAISE EXCEPTION 'fence check failed: token % of lease "%" is stale (current token %, held by %)',
                 check_fence.token, check_fence.name, v_row.token, v_row.holder
             USING ERRCODE = 'PK001', HINT = 'The lease changed hands: this writer must stop and not retry with the old token.';
@@ -964,8 +964,8 @@ DECLARE
 BEGIN
     IF NOT pglockkit._advisory_held(v_key, true)
        OR EXISTS (SELECT FROM pglockkit.leases l
-                   WHERE l.name OPERATOR(pg_catalog.=) _lease_drop_stale_key.name
-                     AND l.session_bound AND l.session_key OPERATOR(pg_catalog.=) v_key
+                   WHERE l.name = _lease_drop_stale_key.name
+                     AND l.session_bound AND l.session_key = v_key
                      AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
     THEN
         RETURN false;
@@ -1051,7 +1051,7 @@ BEGIN
     IF start_run.job IS NULL OR start_run.slot IS NULL OR start_run.holder IS NULL THEN
         RAISE EXCEPTION 'job, slot and holder must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF start_run.job OPERATOR(pg_catalog.=) '' OR start_run.slot OPERATOR(pg_catalog.=) '' OR start_run.holder OPERATOR(pg_catalog.=) '' THEN
+    IF start_run.job = '' OR start_run.slot = '' OR start_run.holder = '' THEN
         RAISE EXCEPTION 'job, slot and holder must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_key := pglockkit._run_key(start_run.job, start_run.slot);
@@ -1060,8 +1060,8 @@ BEGIN
         -- slot now, once is enough. If not, its earlier start_run was rolled back with its
         -- transaction (the key outlives it): start the run on the key already held.
         IF EXISTS (SELECT FROM pglockkit.runs r
-                    WHERE r.job OPERATOR(pg_catalog.=) start_run.job AND r.slot OPERATOR(pg_catalog.=) start_run.slot
-                      AND r.status OPERATOR(pg_catalog.=) 'running'
+                    WHERE r.job = start_run.job AND r.slot = start_run.slot
+                      AND r.status = 'running'
                       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) THEN
             RETURN NULL;
         END IF;
@@ -1077,7 +1077,7 @@ BEGIN
     ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
        SET holder = excluded.holder, status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1,
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
-     WHERE r.status OPERATOR(pg_catalog.=) 'running'
+     WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
     EXCEPTION WHEN OTHERS THEN
         PERFORM pg_catalog.pg_advisory_unlock(v_key);
@@ -1106,10 +1106,10 @@ BEGIN
     UPDATE pglockkit.runs r
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
-     WHERE r.id OPERATOR(pg_catalog.=) run_id AND r.status OPERATOR(pg_catalog.=) 'running'
+     WHERE r.id = run_id AND r.status = 'running'
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
-        IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id OPERATOR(pg_catalog.=) run_id) THEN
+        IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
             RAISE EXCEPTION 'no run with id %', run_id USING ERRCODE = 'undefined_object';
         END IF;
         RETURN false;  -- already finished
@@ -1155,7 +1155,7 @@ BEGIN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
     DELETE FROM pglockkit.runs r
-     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at OPERATOR(pg_catalog.<) v_before;
+     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at < v_before;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -1262,7 +1262,7 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF queue OPERATOR(pg_catalog.=) '' THEN
+    IF queue = '' THEN
         RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
@@ -1298,7 +1298,7 @@ BEGIN
     IF id IS NULL THEN
         RAISE EXCEPTION 'job id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT EXISTS (SELECT FROM pglockkit.jobs j WHERE j.id OPERATOR(pg_catalog.=) _job_not_found.id) THEN
+    IF NOT EXISTS (SELECT FROM pglockkit.jobs j WHERE j.id = _job_not_found.id) THEN
         RAISE EXCEPTION 'no job with id %', id
             USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'jobs';
     END IF;
@@ -1323,14 +1323,14 @@ AS $$
     ), locked AS (
         SELECT k.queue, k.key, g.n
           FROM pglockkit.job_keys k
-          JOIN left_keys g ON k.queue OPERATOR(pg_catalog.=) g.queue AND k.key OPERATOR(pg_catalog.=) g.key
+          JOIN left_keys g ON k.queue = g.queue AND k.key = g.key
          ORDER BY k.queue, k.key
            FOR NO KEY UPDATE OF k
     )
     UPDATE pglockkit.job_keys k
        SET running = k.running OPERATOR(pg_catalog.-) l.n
       FROM locked l
-     WHERE k.queue OPERATOR(pg_catalog.=) l.queue AND k.key OPERATOR(pg_catalog.=) l.key
+     WHERE k.queue = l.queue AND k.key = l.key
 $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
     'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order.';
@@ -1370,7 +1370,7 @@ BEGIN
         RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
     END IF;
-    IF enqueue_job.concurrency_key OPERATOR(pg_catalog.=) '' THEN
+    IF enqueue_job.concurrency_key = '' THEN
         RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF enqueue_job.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
@@ -1396,7 +1396,7 @@ BEGIN
         END IF;
         -- A pending job has this dedup key: return it. (If it finished in between, insert again.)
         SELECT j.id INTO v_id FROM pglockkit.jobs j
-         WHERE j.queue OPERATOR(pg_catalog.=) enqueue_job.queue AND j.dedup_key OPERATOR(pg_catalog.=) enqueue_job.dedup_key
+         WHERE j.queue = enqueue_job.queue AND j.dedup_key = enqueue_job.dedup_key
            AND j.status IN ('queued', 'running');
         IF v_id IS NOT NULL THEN
             RETURN v_id;
@@ -1481,15 +1481,15 @@ BEGIN
     -- (use_column: ON CONFLICT (queue, key) names columns; every parameter below is qualified.)
     -- The argument checks, as one expression when the arguments are good (each IF is an
     -- expression evaluation of its own); the statements inside say which one is bad.
-    IF claim_job.queue IS NULL OR claim_job.queue OPERATOR(pg_catalog.=) ''
+    IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
        OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
-       OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker OPERATOR(pg_catalog.=) ''
+       OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
             RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.queue OPERATOR(pg_catalog.=) '' THEN
+        IF claim_job.queue = '' THEN
             RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF claim_job.lease IS NULL THEN
@@ -1505,7 +1505,7 @@ BEGIN
         IF claim_job.worker IS NULL OR claim_job.batch IS NULL THEN
             RAISE EXCEPTION 'worker and batch must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.worker OPERATOR(pg_catalog.=) '' THEN
+        IF claim_job.worker = '' THEN
             RAISE EXCEPTION 'worker must not be empty' USING ERRCODE = 'invalid_parameter_value',
                 HINT = 'Name the worker (e.g. host:pid) so that a stuck job says who had it.';
         END IF;
@@ -1522,7 +1522,7 @@ BEGIN
     -- (the lock lasts until the caller's transaction ends, at once for an autocommit claim; other
     -- claimers skip that job meanwhile). For one job this is what that path would pick, without
     -- its per-key bookkeeping, whether or not the queue has other keyed jobs.
-    IF claim_job.batch OPERATOR(pg_catalog.=) 1
+    IF claim_job.batch = 1
        AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
         -- scan jumps over the entries of jobs_ready that are scheduled for later (run_at is an index
@@ -1537,16 +1537,16 @@ BEGIN
          WHERE j.id OPERATOR(pg_catalog.=) (
                SELECT r.id
                  FROM pglockkit.jobs r
-                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                  AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                  AND r.run_at <= v_now
                 ORDER BY r.priority DESC, r.run_at, r.id
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                            WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                            WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
-    ELSIF claim_job.batch OPERATOR(pg_catalog.=) 1 THEN
+    ELSIF claim_job.batch = 1 THEN
         -- Before 18, first the queue's highest priority alone (one probe finds it): the common
         -- case, a queue whose top priority has a due job, costs two index probes and no walk.
         RETURN QUERY
@@ -1557,18 +1557,18 @@ BEGIN
          WHERE j.id OPERATOR(pg_catalog.=) (
                SELECT r.id
                  FROM pglockkit.jobs r
-                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                WHERE r.queue = claim_job.queue AND r.status = 'queued'
                   AND r.priority OPERATOR(pg_catalog.=) (
                       SELECT t.priority FROM pglockkit.jobs t
-                       WHERE t.queue OPERATOR(pg_catalog.=) claim_job.queue AND t.status OPERATOR(pg_catalog.=) 'queued'
+                       WHERE t.queue = claim_job.queue AND t.status = 'queued'
                        ORDER BY t.priority DESC LIMIT 1)
-                  AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                  AND r.run_at <= v_now
                 ORDER BY r.run_at, r.id
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                            WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                            WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         IF NOT FOUND THEN
             -- The top priority has no due job free (or its first is keyed): walk the priorities.
@@ -1581,12 +1581,12 @@ BEGIN
             -- the nested loop keeps that order (it cannot be another join: the subquery is lateral).
             priorities(priority) AS (
                 (SELECT r.priority FROM pglockkit.jobs r
-                  WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                  WHERE r.queue = claim_job.queue AND r.status = 'queued'
                   ORDER BY r.priority DESC LIMIT 1)
                 UNION ALL
                 SELECT (SELECT r.priority FROM pglockkit.jobs r
-                         WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                           AND r.priority OPERATOR(pg_catalog.<) p.priority
+                         WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                           AND r.priority < p.priority
                          ORDER BY r.priority DESC LIMIT 1)
                   FROM priorities p WHERE p.priority IS NOT NULL
             )
@@ -1599,15 +1599,15 @@ BEGIN
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
                             FROM pglockkit.jobs r
-                           WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                             AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                           WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                             AND r.priority = p.priority AND r.run_at <= v_now
                            ORDER BY r.run_at, r.id
                            LIMIT 1
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT 1)
                AND j.concurrency_key IS NULL
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                                WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                                WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         END IF;
     ELSE
@@ -1620,12 +1620,12 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), claimed AS (
@@ -1638,16 +1638,16 @@ BEGIN
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
                             FROM pglockkit.jobs r
-                           WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                             AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                           WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                             AND r.priority = p.priority AND r.run_at <= v_now
                              AND r.concurrency_key IS NULL
                            ORDER BY r.run_at, r.id
                            LIMIT claim_job.batch
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT claim_job.batch))
-               AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue)
+               AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue)
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                                WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                                WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
         )
         SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
@@ -1661,9 +1661,9 @@ BEGIN
     -- Nothing claimed: no job was due, or the queue has keys or expired leases. Which one?
     -- (Separate statements, so separate snapshots under READ COMMITTED: a lease found expired only
     -- now, or a key added only now, is handled here or by the next claim.)
-    SELECT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue),
+    SELECT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue),
            EXISTS (SELECT FROM pglockkit.jobs j
-                    WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                    WHERE j.queue = claim_job.queue AND j.lease_expires_at <= v_now)
       INTO v_keyed, v_expired;
     IF NOT v_keyed AND NOT v_expired THEN
         RETURN;  -- no job due (or every due job is being claimed by someone else)
@@ -1679,19 +1679,19 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), expired AS (
-            SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted
+            SELECT j.id, j.attempt >= j.max_attempts AS exhausted
               FROM pglockkit.jobs j
-             WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
-               AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now
+             WHERE j.queue = claim_job.queue AND j.status = 'running'
+               AND j.lease_expires_at <= v_now
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
@@ -1699,14 +1699,14 @@ BEGIN
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
               FROM expired e
-             WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
+             WHERE j.id = e.id AND e.exhausted
         ), ready AS (
             SELECT x.id
               FROM priorities p CROSS JOIN LATERAL (
                    SELECT r.id
                      FROM pglockkit.jobs r
-                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                      AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                    WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                      AND r.priority = p.priority AND r.run_at <= v_now
                       AND r.concurrency_key IS NULL
                     ORDER BY r.run_at, r.id
                     LIMIT claim_job.batch
@@ -1758,19 +1758,19 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), expired AS (
-            SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted, j.concurrency_key
+            SELECT j.id, j.attempt >= j.max_attempts AS exhausted, j.concurrency_key
               FROM pglockkit.jobs j
-             WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
-               AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now
+             WHERE j.queue = claim_job.queue AND j.status = 'running'
+               AND j.lease_expires_at <= v_now
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
@@ -1779,16 +1779,16 @@ BEGIN
               FROM priorities p CROSS JOIN LATERAL (
                    SELECT r.id, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit
                      FROM pglockkit.jobs r
-                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                      AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                    WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                      AND r.priority = p.priority AND r.run_at <= v_now
                       AND (r.concurrency_key IS NULL OR NOT EXISTS (
                       SELECT FROM pglockkit.job_keys k
-                       WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) r.concurrency_key
+                       WHERE k.queue = claim_job.queue AND k.key = r.concurrency_key
                          AND (k.running OPERATOR(pg_catalog.>=) r.concurrency_limit
                               OR (k.running OPERATOR(pg_catalog.>) 0 AND k.running OPERATOR(pg_catalog.>=) (
                                   SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
-                                   WHERE m.queue OPERATOR(pg_catalog.=) claim_job.queue
-                                     AND m.concurrency_key OPERATOR(pg_catalog.=) r.concurrency_key
+                                   WHERE m.queue = claim_job.queue
+                                     AND m.concurrency_key = r.concurrency_key
                                      AND m.status IN ('queued', 'running'))))))
                     ORDER BY r.run_at, r.id
                     LIMIT claim_job.batch
@@ -1805,7 +1805,7 @@ BEGIN
             -- here and below: one index probe each, whatever the generic plan's estimates.)
             SELECT k.key, k.running
               FROM pglockkit.job_keys k
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
+             WHERE k.queue = claim_job.queue
                AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))
              ORDER BY k.key
                FOR NO KEY UPDATE OF k SKIP LOCKED
@@ -1814,11 +1814,11 @@ BEGIN
             SELECT y.key FROM keyed y
              WHERE y.key OPERATOR(pg_catalog.<>) ALL (ARRAY(
                    SELECT k.key FROM pglockkit.job_keys k
-                    WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
+                    WHERE k.queue = claim_job.queue
                       AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))))
         ), limits AS (
             SELECT y.key, (SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
-                            WHERE m.queue OPERATOR(pg_catalog.=) claim_job.queue AND m.concurrency_key OPERATOR(pg_catalog.=) y.key
+                            WHERE m.queue = claim_job.queue AND m.concurrency_key = y.key
                               AND m.status IN ('queued', 'running')) AS lim
               FROM keyed y
         ), allowed AS (
@@ -1828,9 +1828,9 @@ BEGIN
                            coalesce(l.running, 0) AS running_now, l.key IS NOT NULL AS have_row,
                            m.key IS NOT NULL AS create_row, coalesce(lm.lim, r.concurrency_limit) AS key_limit
                       FROM ready r
-                      LEFT JOIN locked l ON l.key OPERATOR(pg_catalog.=) r.concurrency_key
-                      LEFT JOIN missing m ON m.key OPERATOR(pg_catalog.=) r.concurrency_key
-                      LEFT JOIN limits lm ON lm.key OPERATOR(pg_catalog.=) r.concurrency_key) r
+                      LEFT JOIN locked l ON l.key = r.concurrency_key
+                      LEFT JOIN missing m ON m.key = r.concurrency_key
+                      LEFT JOIN limits lm ON lm.key = r.concurrency_key) r
              WHERE r.concurrency_key IS NULL
                 OR ((r.have_row OR r.create_row)
                     AND r.nth OPERATOR(pg_catalog.<=) (r.key_limit OPERATOR(pg_catalog.-) r.running_now)
@@ -1843,7 +1843,7 @@ BEGIN
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
               FROM expired e
-             WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
+             WHERE j.id = e.id AND e.exhausted
                AND (e.concurrency_key IS NULL OR e.concurrency_key IN (SELECT l.key FROM locked l)
                     OR e.concurrency_key IN (SELECT m.key FROM missing m))
             RETURNING j.concurrency_key
@@ -1855,8 +1855,8 @@ BEGIN
             UPDATE pglockkit.job_keys k
                SET running = k.running OPERATOR(pg_catalog.-) b.n
               FROM unbury b
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key OPERATOR(pg_catalog.=) b.key
+             WHERE k.queue = claim_job.queue
+               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
         ), reserve AS (
             SELECT kk.concurrency_key AS key, pg_catalog.count(*)::int AS n, pg_catalog.min(kk.key_limit) AS lim
               FROM kept kk WHERE kk.have_row GROUP BY kk.concurrency_key
@@ -1865,8 +1865,8 @@ BEGIN
             UPDATE pglockkit.job_keys k
                SET running = k.running OPERATOR(pg_catalog.+) g.n, lim = g.lim
               FROM reserve g
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key OPERATOR(pg_catalog.=) g.key
+             WHERE k.queue = claim_job.queue
+               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
                AND (k.running OPERATOR(pg_catalog.+) g.n) OPERATOR(pg_catalog.<=) g.lim
             RETURNING k.key
         ), created AS (
@@ -1913,7 +1913,7 @@ BEGIN
         -- next poll. Meanwhile this transaction keeps the job rows it locked and did not claim:
         -- other claimers skip them, a completion or cancel of one of them waits (for 15 ms at
         -- most); this claim waits for nothing.
-        EXIT WHEN v_found OR NOT v_held OR v_pause OPERATOR(pg_catalog.>) 0.008;
+        EXIT WHEN v_found OR NOT v_held OR v_pause > 0.008;
         PERFORM pg_catalog.pg_sleep(v_pause);
         v_pause := v_pause OPERATOR(pg_catalog.*) 2;
         v_now := pg_catalog.clock_timestamp();
@@ -1935,8 +1935,8 @@ DECLARE
 BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) complete_job.id AND j.token OPERATOR(pg_catalog.=) complete_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = complete_job.id AND j.token = complete_job.token
+       AND j.status = 'running'
     RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(complete_job.id);
@@ -1972,14 +1972,14 @@ BEGIN
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
           FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-         WHERE j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
-           AND j.status OPERATOR(pg_catalog.=) 'running'
+         WHERE j.id = c.id AND j.token = c.token
+           AND j.status = 'running'
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
       INTO v_done, v_queues, v_keys
       FROM done d;
-    IF v_done OPERATOR(pg_catalog.>) 0 THEN
+    IF v_done > 0 THEN
         PERFORM pglockkit._keys_left(v_queues, v_keys);
     END IF;
     RETURN v_done;
@@ -2009,13 +2009,13 @@ BEGIN
         RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE pglockkit.jobs j
-       SET status = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN 'dead' ELSE 'queued' END,
-           run_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN j.run_at
+       SET status = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
+           run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
                          ELSE v_now OPERATOR(pg_catalog.+) coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
-           finished_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN v_now END,
+           finished_at = CASE WHEN j.attempt >= j.max_attempts THEN v_now END,
            last_error = fail_job.error, lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) fail_job.id AND j.token OPERATOR(pg_catalog.=) fail_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = fail_job.id AND j.token = fail_job.token
+       AND j.status = 'running'
     RETURNING j.status, j.queue, j.concurrency_key INTO v_status, v_queue, v_key;
     IF v_status IS NULL THEN
         PERFORM pglockkit._job_not_found(fail_job.id);
@@ -2040,8 +2040,8 @@ BEGIN
     PERFORM pglockkit._check_lease(extend_job.lease);
     UPDATE pglockkit.jobs j
        SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_job.lease
-     WHERE j.id OPERATOR(pg_catalog.=) extend_job.id AND j.token OPERATOR(pg_catalog.=) extend_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running';
+     WHERE j.id = extend_job.id AND j.token = extend_job.token
+       AND j.status = 'running';
     RETURN FOUND OR pglockkit._job_not_found(extend_job.id);
 END
 $$;
@@ -2060,8 +2060,8 @@ BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
            run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
-     WHERE j.id OPERATOR(pg_catalog.=) release_job.id AND j.token OPERATOR(pg_catalog.=) release_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = release_job.id AND j.token = release_job.token
+       AND j.status = 'running'
     RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(release_job.id);
@@ -2087,14 +2087,14 @@ DECLARE
 BEGIN
     WITH old AS (
         SELECT j.id, j.status FROM pglockkit.jobs j
-         WHERE j.id OPERATOR(pg_catalog.=) cancel_job.id AND j.status IN ('queued', 'running')
+         WHERE j.id = cancel_job.id AND j.status IN ('queued', 'running')
            FOR UPDATE
     )
     UPDATE pglockkit.jobs j
        SET status = 'cancelled', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
       FROM old
-     WHERE j.id OPERATOR(pg_catalog.=) old.id
-    RETURNING j.queue, CASE WHEN old.status OPERATOR(pg_catalog.=) 'running' THEN j.concurrency_key END
+     WHERE j.id = old.id
+    RETURNING j.queue, CASE WHEN old.status = 'running' THEN j.concurrency_key END
          INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(cancel_job.id);
@@ -2121,7 +2121,7 @@ BEGIN
     WITH requeued AS (
         UPDATE pglockkit.jobs j
            SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-         WHERE j.queue OPERATOR(pg_catalog.=) retry_dead_jobs.queue AND j.status OPERATOR(pg_catalog.=) 'dead'
+         WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead'
            AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
         RETURNING j.concurrency_key, j.concurrency_limit
     )
@@ -2138,7 +2138,7 @@ BEGIN
                    FROM ROWS FROM (pg_catalog.unnest(v_keys), pg_catalog.unnest(v_limits)) AS x(key, lim)
                   GROUP BY x.key ORDER BY x.key) g;
     END IF;
-    IF v_n OPERATOR(pg_catalog.>) 0 THEN
+    IF v_n > 0 THEN
         PERFORM pg_catalog.pg_notify('pglockkit_jobs', retry_dead_jobs.queue);
     END IF;
     RETURN v_n;
@@ -2166,7 +2166,7 @@ BEGIN
     DELETE FROM pglockkit.jobs j
      WHERE j.status IN ('done', 'cancelled', CASE WHEN include_dead THEN 'dead' END)
        AND j.finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than)
-       AND (prune_jobs.queue IS NULL OR j.queue OPERATOR(pg_catalog.=) prune_jobs.queue);
+       AND (prune_jobs.queue IS NULL OR j.queue = prune_jobs.queue);
     GET DIAGNOSTICS v_n = ROW_COUNT;
 
     -- The rows of idle concurrency keys (no queued or running job; each such row also turned the
@@ -2175,10 +2175,10 @@ BEGIN
     -- adding work to it (they pin the row, see _pin_job_key); never waits.
     SELECT pg_catalog.array_agg(i.queue), pg_catalog.array_agg(i.key) INTO v_queues, v_keys
       FROM (SELECT k.queue, k.key FROM pglockkit.job_keys k
-             WHERE (prune_jobs.queue IS NULL OR k.queue OPERATOR(pg_catalog.=) prune_jobs.queue)
-               AND k.running OPERATOR(pg_catalog.=) 0
+             WHERE (prune_jobs.queue IS NULL OR k.queue = prune_jobs.queue)
+               AND k.running = 0
                AND NOT EXISTS (SELECT FROM pglockkit.jobs m
-                                WHERE m.queue OPERATOR(pg_catalog.=) k.queue AND m.concurrency_key OPERATOR(pg_catalog.=) k.key
+                                WHERE m.queue = k.queue AND m.concurrency_key = k.key
                                   AND m.status IN ('queued', 'running'))
                FOR UPDATE OF k SKIP LOCKED) i;
     -- Then delete those still idle, seen with a snapshot taken after the locks: work added by a
@@ -2187,10 +2187,10 @@ BEGIN
     IF v_keys IS NOT NULL THEN
         DELETE FROM pglockkit.job_keys k
          USING ROWS FROM (pg_catalog.unnest(v_queues), pg_catalog.unnest(v_keys)) AS c(queue, key)
-         WHERE k.queue OPERATOR(pg_catalog.=) c.queue AND k.key OPERATOR(pg_catalog.=) c.key
-           AND k.running OPERATOR(pg_catalog.=) 0
+         WHERE k.queue = c.queue AND k.key = c.key
+           AND k.running = 0
            AND NOT EXISTS (SELECT FROM pglockkit.jobs m
-                            WHERE m.queue OPERATOR(pg_catalog.=) k.queue AND m.concurrency_key OPERATOR(pg_catalog.=) k.key
+                            WHERE m.queue = k.queue AND m.concurrency_key = k.key
                               AND m.status IN ('queued', 'running'));
     END IF;
     RETURN v_n;
@@ -2241,14 +2241,14 @@ BEGIN
         SELECT j.id
           FROM pglockkit.jobs j
           JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-            ON j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
-         WHERE j.status OPERATOR(pg_catalog.=) 'running'
+            ON j.id = c.id AND j.token = c.token
+         WHERE j.status = 'running'
            FOR NO KEY UPDATE OF j SKIP LOCKED
     )
     UPDATE pglockkit.jobs j
        SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_jobs.lease
       FROM mine
-     WHERE j.id OPERATOR(pg_catalog.=) mine.id;
+     WHERE j.id = mine.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -2274,7 +2274,7 @@ BEGIN
     END IF;
     LOOP
         PERFORM FROM pglockkit.job_keys k
-          WHERE k.queue OPERATOR(pg_catalog.=) _pin_job_key.queue AND k.key OPERATOR(pg_catalog.=) _pin_job_key.key
+          WHERE k.queue = _pin_job_key.queue AND k.key = _pin_job_key.key
             FOR KEY SHARE;
         EXIT WHEN FOUND;
         -- Pruned meanwhile (or never there): create it; ours until commit. If another transaction
@@ -2360,7 +2360,7 @@ BEGIN
     SELECT p.n, s.size INTO v_n, v_size
       FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n),
            LATERAL (SELECT pg_catalog.pg_column_size(p.payload OPERATOR(pg_catalog.#>) '{}'::text[]) AS size) s
-     WHERE s.size OPERATOR(pg_catalog.>) v_limit
+     WHERE s.size > v_limit
      ORDER BY p.n
      LIMIT 1;
     IF v_n IS NOT NULL THEN
@@ -2389,9 +2389,9 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
-        WHEN objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
-        WHEN k.key OPERATOR(pg_catalog.=) 72707369 THEN 'flyway'   -- Flyway's migration lock
-        WHEN k.key OPERATOR(pg_catalog.<=) 0 THEN 'unregistered'
+        WHEN objsubid = 2 THEN 'int4 pair'
+        WHEN k.key = 72707369 THEN 'flyway'   -- Flyway's migration lock
+        WHEN k.key <= 0 THEN 'unregistered'
         ELSE coalesce((SELECT n.name FROM pglockkit.namespaces n
                         WHERE n.id OPERATOR(pg_catalog.=) (k.key OPERATOR(pg_catalog.>>) 48)::int4), 'unregistered')
     END
@@ -2590,7 +2590,7 @@ BEGIN
                    pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
                        OPERATOR(pg_catalog.=) 1 AS first
               FROM pglockkit.advisory_locks al
-              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) al.pid
+              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
               CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
      GROUP BY h.namespace, h.key, h.key1, h.key2;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
@@ -2625,15 +2625,15 @@ AS $$
           FROM per_ns p GROUP BY p.namespace
     )
     SELECT w.namespace, w.key, w.key1, w.key2, pg_catalog.count(*),
-           pg_catalog.count(*) FILTER (WHERE w.waiters OPERATOR(pg_catalog.>) 0),
+           pg_catalog.count(*) FILTER (WHERE w.waiters > 0),
            pg_catalog.max(w.waiters), pg_catalog.round(pg_catalog.avg(w.waiters), 2), pg_catalog.max(w.longest_wait),
            (SELECT pg_catalog.array_agg(DISTINCT q) FROM window_ w2, pg_catalog.unnest(w2.holder_queries) AS q
-             WHERE w2.namespace OPERATOR(pg_catalog.=) w.namespace AND w2.key IS NOT DISTINCT FROM w.key
+             WHERE w2.namespace = w.namespace AND w2.key IS NOT DISTINCT FROM w.key
                AND w2.key1 IS NOT DISTINCT FROM w.key1 AND w2.key2 IS NOT DISTINCT FROM w.key2),
            ns.sessions, ns.parallelism
-      FROM window_ w JOIN ns ON ns.namespace OPERATOR(pg_catalog.=) w.namespace
+      FROM window_ w JOIN ns ON ns.namespace = w.namespace
      GROUP BY w.namespace, w.key, w.key1, w.key2, ns.sessions, ns.parallelism
-     ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters OPERATOR(pg_catalog.>) 0) DESC, pg_catalog.max(w.waiters) DESC
+     ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters > 0) DESC, pg_catalog.max(w.waiters) DESC
 $$;
 COMMENT ON FUNCTION pglockkit.contention_report(interval) IS
     'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';
@@ -2673,16 +2673,16 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_user  boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'pglockkit_user');
-    v_admin boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'pglockkit_admin');
+    v_user  boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pglockkit_user');
+    v_admin boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pglockkit_admin');
     r       record;
 BEGIN
     FOR r IN SELECT p.oid::regprocedure AS sig, p.proname
                FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace
+              WHERE p.pronamespace = 'pglockkit'::regnamespace
     LOOP
         EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', r.sig);
-        CONTINUE WHEN r.proname OPERATOR(pg_catalog.=) '_grant_privileges';
+        CONTINUE WHEN r.proname = '_grant_privileges';
         IF pglockkit._admin_only(r.proname) THEN
             IF v_user THEN
                 EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM pglockkit_user', r.sig);
@@ -2697,7 +2697,7 @@ BEGIN
     GRANT USAGE ON SCHEMA pglockkit TO pg_monitor;
     GRANT SELECT ON pglockkit.namespaces TO pg_monitor;
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_catalog.pg_class c
-              WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace AND c.relkind OPERATOR(pg_catalog.=) 'v'
+              WHERE c.relnamespace = 'pglockkit'::regnamespace AND c.relkind = 'v'
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON %s TO pg_monitor', r.rel);
     END LOOP;
@@ -2705,7 +2705,7 @@ BEGIN
         GRANT USAGE ON SCHEMA pglockkit TO pglockkit_user;
         GRANT SELECT ON pglockkit.namespaces TO pglockkit_user;
         FOR r IN SELECT c.oid::regclass AS rel FROM pg_catalog.pg_class c
-                  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace AND c.relkind OPERATOR(pg_catalog.=) 'v'
+                  WHERE c.relnamespace = 'pglockkit'::regnamespace AND c.relkind = 'v'
         LOOP
             EXECUTE pg_catalog.format('GRANT SELECT ON %s TO pglockkit_user', r.rel);
         END LOOP;

@@ -67,7 +67,7 @@ BEGIN
     IF ns IS NULL THEN
         RAISE EXCEPTION 'lock namespace must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         RAISE EXCEPTION 'unknown lock namespace "%"', ns
             USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'namespaces',
@@ -97,7 +97,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::int8 OPERATOR(pg_catalog.<<) 47) THEN
         RAISE EXCEPTION 'integer lock resource % is out of range', resource
             USING ERRCODE = 'numeric_value_out_of_range',
                   HINT = 'Integer resources must satisfy 0 <= id < 2^47 (140737488355328); hash larger values as text.';
@@ -119,7 +119,7 @@ BEGIN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- The lookup is inline (not a call to _ns_id) because this is every lock call's path.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -142,10 +142,10 @@ CREATE FUNCTION pglockkit.decode_key(
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN key OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+    SELECT CASE WHEN key > 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
            (SELECT n.name FROM pglockkit.namespaces n
-             WHERE key OPERATOR(pg_catalog.>) 0 AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
-           CASE WHEN key OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
+             WHERE key > 0 AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
+           CASE WHEN key <= 0 THEN 'foreign'
                 WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
                 ELSE 'integer' END,
            key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
@@ -203,9 +203,9 @@ BEGIN
         RETURN v_id;
     END IF;
 
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) register_namespace.name;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
     IF v_id IS NOT NULL THEN
-        IF register_namespace.id IS NOT NULL AND v_id OPERATOR(pg_catalog.<>) register_namespace.id THEN
+        IF register_namespace.id IS NOT NULL AND v_id <> register_namespace.id THEN
             RAISE EXCEPTION 'namespace "%" is already registered with id %, not %', register_namespace.name, v_id, register_namespace.id
                 USING ERRCODE = 'unique_violation',
                       HINT = 'Namespace ids are permanent: keys computed with the old id are in use. Register without an id, or with the existing one.';
@@ -215,7 +215,7 @@ BEGIN
            SET description  = coalesce(register_namespace.description, n.description),
                lock_timeout = coalesce(register_namespace.lock_timeout, n.lock_timeout),
                updated_at   = pg_catalog.clock_timestamp()
-         WHERE n.id OPERATOR(pg_catalog.=) v_id
+         WHERE n.id = v_id
            AND (register_namespace.description IS NOT NULL OR register_namespace.lock_timeout IS NOT NULL);
         RETURN v_id;
     END IF;

@@ -32,9 +32,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(pg_catalog.string_agg(l.pid::text, ', ' ORDER BY l.pid), 'unknown')
       FROM pg_catalog.pg_locks l
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+     WHERE l.locktype = 'advisory' AND l.granted
        AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-       AND l.objsubid OPERATOR(pg_catalog.=) 1
+       AND l.objsubid = 1
        AND l.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
        AND l.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid
 $$;
@@ -47,7 +47,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- Whole milliseconds, at least 1: lock_timeout = 0 would mean "wait forever".
     SELECT pg_catalog.set_config('lock_timeout',
-        (SELECT CASE WHEN ms OPERATOR(pg_catalog.<) 1 THEN 1 ELSE ms END
+        (SELECT CASE WHEN ms < 1 THEN 1 ELSE ms END
            FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', timeout) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
         )::text OPERATOR(pg_catalog.||) 'ms',
         true)
@@ -97,7 +97,7 @@ BEGIN
         RETURN key;
     END IF;
     PERFORM pglockkit._xact_lock_wait(ns, label, key, coalesce(timeout,
-        (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns)));
+        (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns)));
     RETURN key;
 END
 $$;
@@ -117,7 +117,7 @@ DECLARE
     v_done     bigint[] := '{}';
 BEGIN
     PERFORM pglockkit._check_timeout(timeout);
-    v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns));
+    v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns));
     v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) v_timeout;
     -- Ascending key order is what makes two callers unable to deadlock on the same set.
     FOR v_key, v_label IN
@@ -199,7 +199,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -217,11 +217,11 @@ DECLARE
     v_id smallint;
 BEGIN
     -- lock_key, inline.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
-    IF resource IS NULL OR resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource IS NULL OR resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
         PERFORM pglockkit._key(v_id, resource);  -- raises the error that fits (22004 or 22003)
     END IF;
     RETURN pg_catalog.pg_try_advisory_xact_lock(
@@ -243,7 +243,7 @@ BEGIN
     IF resource IS NULL THEN
         RAISE EXCEPTION 'lock resource must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
@@ -268,11 +268,11 @@ DECLARE
     v_key bigint;
 BEGIN
     -- lock_key, inline.
-    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name OPERATOR(pg_catalog.=) ns;
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = ns;
     IF v_id IS NULL THEN
         v_id := pglockkit._ns_id(ns);  -- raises the error that fits (22004 or 42704)
     END IF;
-    IF resource IS NULL OR resource OPERATOR(pg_catalog.<) 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
+    IF resource IS NULL OR resource < 0 OR resource OPERATOR(pg_catalog.>=) (1::pg_catalog.int8 OPERATOR(pg_catalog.<<) 47) THEN
         v_key := pglockkit._key(v_id, resource);  -- raises the error that fits (22004 or 22003)
     END IF;
     v_key := (v_id::pg_catalog.int8 OPERATOR(pg_catalog.<<) 48) OPERATOR(pg_catalog.|) resource;
@@ -358,9 +358,9 @@ BEGIN
     SELECT c.relkind, a.atttypid INTO v_kind, v_type
       FROM pg_catalog.pg_class c
       LEFT JOIN pg_catalog.pg_attribute a
-             ON a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'id'
-            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-     WHERE c.oid OPERATOR(pg_catalog.=) tbl;
+             ON a.attrelid = c.oid AND a.attname = 'id'
+            AND a.attnum > 0 AND NOT a.attisdropped
+     WHERE c.oid = tbl;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'relation with OID % does not exist', tbl::oid USING ERRCODE = 'undefined_table';
     END IF;
@@ -371,7 +371,7 @@ BEGIN
                           ELSE pg_catalog.format('relation of kind %L', v_kind) END;
     IF v_kind OPERATOR(pg_catalog.<>) ALL ('{r,p,v,f}'::"char"[]) THEN
         RAISE EXCEPTION '% is %, not a table: lock_rows locks rows of a table, partitioned table, view or foreign table', tbl,
-                        CASE WHEN v_kind OPERATOR(pg_catalog.=) 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
+                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
             USING ERRCODE = 'wrong_object_type';
     END IF;
     IF v_type IS NULL THEN

@@ -27,11 +27,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks k
-         WHERE k.locktype OPERATOR(pg_catalog.=) 'advisory' AND k.granted
+         WHERE k.locktype = 'advisory' AND k.granted
            AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                    WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
            AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
-           AND k.objsubid OPERATOR(pg_catalog.=) 1
+           AND k.objsubid = 1
            AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
            AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
 $$;
@@ -46,10 +46,10 @@ BEGIN
     IF name IS NULL OR holder IS NULL OR ttl IS NULL THEN
         RAISE EXCEPTION 'lease name, holder and ttl must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF name OPERATOR(pg_catalog.=) '' THEN
+    IF name = '' THEN
         RAISE EXCEPTION 'lease name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF holder OPERATOR(pg_catalog.=) '' THEN
+    IF holder = '' THEN
         RAISE EXCEPTION 'lease holder must not be empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
     END IF;
@@ -91,10 +91,10 @@ BEGIN
     -- A new name (or one whose row prune_leases deleted) first gets a row that is free; this
     -- transaction takes it below, like any free lease, with a token drawn once the row is ours.
     LOOP
-        SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name FOR UPDATE;
+        SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
         EXIT WHEN FOUND;
         v_tries := v_tries OPERATOR(pg_catalog.+) 1;
-        IF v_tries OPERATOR(pg_catalog.>) 3 THEN
+        IF v_tries > 3 THEN
             -- Under REPEATABLE READ or SERIALIZABLE: the row was created after our snapshot.
             RAISE EXCEPTION 'lease "%" was created or deleted concurrently', acquire_lease.name
                 USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
@@ -106,12 +106,12 @@ BEGIN
     END LOOP;
 
     v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
-    IF v_row.released_at IS NULL AND v_row.expires_at OPERATOR(pg_catalog.>) v_now THEN
-        IF v_row.holder OPERATOR(pg_catalog.=) acquire_lease.holder THEN
+    IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
+        IF v_row.holder = acquire_lease.holder THEN
             -- The live holder acquiring again: a renewal, same token.
             UPDATE pglockkit.leases l
                SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
-             WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name;
+             WHERE l.name = acquire_lease.name;
             RETURN v_row.token;
         END IF;
         -- Held by another. A session-bound lease is free early only if its holder's backend is gone:
@@ -119,7 +119,7 @@ BEGIN
         IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
             RETURN NULL;
         END IF;
-        IF v_row.holder_pid OPERATOR(pg_catalog.=) v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
+        IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
             RETURN NULL;
         END IF;
         IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
@@ -137,9 +137,9 @@ BEGIN
            expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
            session_bound = bind_session, holder_pid = v_pid,
            session_key = v_bind
-     WHERE l.name OPERATOR(pg_catalog.=) acquire_lease.name;
+     WHERE l.name = acquire_lease.name;
 
-    IF v_row.session_bound AND v_row.holder_pid OPERATOR(pg_catalog.=) v_pid
+    IF v_row.session_bound AND v_row.holder_pid = v_pid
        AND v_row.session_key IS DISTINCT FROM v_bind
        AND pglockkit._advisory_held(v_row.session_key, true) THEN
         -- This session bound the lease before and takes it again unbound (or held an older kind
@@ -173,11 +173,11 @@ BEGIN
     END IF;
     UPDATE pglockkit.leases l
        SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) renew_lease.ttl
-     WHERE l.name OPERATOR(pg_catalog.=) renew_lease.name
-       AND l.holder OPERATOR(pg_catalog.=) renew_lease.holder
-       AND l.token OPERATOR(pg_catalog.=) renew_lease.token
+     WHERE l.name = renew_lease.name
+       AND l.holder = renew_lease.holder
+       AND l.token = renew_lease.token
        AND l.released_at IS NULL
-       AND l.expires_at OPERATOR(pg_catalog.>) v_now;
+       AND l.expires_at > v_now;
     IF NOT FOUND THEN
         -- Lost: a bound holder lets go of its key (it would block nobody, but it is no longer ours).
         PERFORM pglockkit._lease_drop_stale_key(renew_lease.name);
@@ -204,9 +204,9 @@ BEGIN
     END IF;
     UPDATE pglockkit.leases l
        SET released_at = pg_catalog.clock_timestamp()
-     WHERE l.name OPERATOR(pg_catalog.=) release_lease.name
-       AND l.holder OPERATOR(pg_catalog.=) release_lease.holder
-       AND l.token OPERATOR(pg_catalog.=) release_lease.token
+     WHERE l.name = release_lease.name
+       AND l.holder = release_lease.holder
+       AND l.token = release_lease.token
        AND l.released_at IS NULL
     RETURNING l.session_bound, l.session_key INTO v_bound, v_key;
     IF NOT FOUND THEN
@@ -235,12 +235,12 @@ BEGIN
     END IF;
     -- FOR SHARE: until this transaction ends, nobody can renew, release or take over the lease,
     -- so the write it guards commits under the token it checked.
-    SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name OPERATOR(pg_catalog.=) check_fence.name FOR SHARE;
+    SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = check_fence.name FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'fence check failed: no lease named "%"', check_fence.name
             USING ERRCODE = 'PK001', HINT = 'Acquire the lease first: SELECT pglockkit.acquire_lease(name, holder, ttl).';
     END IF;
-    IF v_row.token OPERATOR(pg_catalog.<>) check_fence.token THEN
+    IF v_row.token <> check_fence.token THEN
         RAISE EXCEPTION 'fence check failed: token % of lease "%" is stale (current token %, held by %)',
                 check_fence.token, check_fence.name, v_row.token, v_row.holder
             USING ERRCODE = 'PK001', HINT = 'The lease changed hands: this writer must stop and not retry with the old token.';
@@ -289,8 +289,8 @@ DECLARE
 BEGIN
     IF NOT pglockkit._advisory_held(v_key, true)
        OR EXISTS (SELECT FROM pglockkit.leases l
-                   WHERE l.name OPERATOR(pg_catalog.=) _lease_drop_stale_key.name
-                     AND l.session_bound AND l.session_key OPERATOR(pg_catalog.=) v_key
+                   WHERE l.name = _lease_drop_stale_key.name
+                     AND l.session_bound AND l.session_key = v_key
                      AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
     THEN
         RETURN false;

@@ -42,7 +42,7 @@ BEGIN
     IF start_run.job IS NULL OR start_run.slot IS NULL OR start_run.holder IS NULL THEN
         RAISE EXCEPTION 'job, slot and holder must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF start_run.job OPERATOR(pg_catalog.=) '' OR start_run.slot OPERATOR(pg_catalog.=) '' OR start_run.holder OPERATOR(pg_catalog.=) '' THEN
+    IF start_run.job = '' OR start_run.slot = '' OR start_run.holder = '' THEN
         RAISE EXCEPTION 'job, slot and holder must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_key := pglockkit._run_key(start_run.job, start_run.slot);
@@ -51,8 +51,8 @@ BEGIN
         -- slot now, once is enough. If not, its earlier start_run was rolled back with its
         -- transaction (the key outlives it): start the run on the key already held.
         IF EXISTS (SELECT FROM pglockkit.runs r
-                    WHERE r.job OPERATOR(pg_catalog.=) start_run.job AND r.slot OPERATOR(pg_catalog.=) start_run.slot
-                      AND r.status OPERATOR(pg_catalog.=) 'running'
+                    WHERE r.job = start_run.job AND r.slot = start_run.slot
+                      AND r.status = 'running'
                       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) THEN
             RETURN NULL;
         END IF;
@@ -68,7 +68,7 @@ BEGIN
     ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
        SET holder = excluded.holder, status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1,
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
-     WHERE r.status OPERATOR(pg_catalog.=) 'running'
+     WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
     EXCEPTION WHEN OTHERS THEN
         PERFORM pg_catalog.pg_advisory_unlock(v_key);
@@ -97,10 +97,10 @@ BEGIN
     UPDATE pglockkit.runs r
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
-     WHERE r.id OPERATOR(pg_catalog.=) run_id AND r.status OPERATOR(pg_catalog.=) 'running'
+     WHERE r.id = run_id AND r.status = 'running'
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
-        IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id OPERATOR(pg_catalog.=) run_id) THEN
+        IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
             RAISE EXCEPTION 'no run with id %', run_id USING ERRCODE = 'undefined_object';
         END IF;
         RETURN false;  -- already finished
@@ -146,7 +146,7 @@ BEGIN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
     DELETE FROM pglockkit.runs r
-     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at OPERATOR(pg_catalog.<) v_before;
+     WHERE r.status IN ('succeeded', 'failed') AND r.finished_at < v_before;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END

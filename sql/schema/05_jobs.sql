@@ -95,7 +95,7 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF queue OPERATOR(pg_catalog.=) '' THEN
+    IF queue = '' THEN
         RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
@@ -131,7 +131,7 @@ BEGIN
     IF id IS NULL THEN
         RAISE EXCEPTION 'job id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT EXISTS (SELECT FROM pglockkit.jobs j WHERE j.id OPERATOR(pg_catalog.=) _job_not_found.id) THEN
+    IF NOT EXISTS (SELECT FROM pglockkit.jobs j WHERE j.id = _job_not_found.id) THEN
         RAISE EXCEPTION 'no job with id %', id
             USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'jobs';
     END IF;
@@ -156,14 +156,14 @@ AS $$
     ), locked AS (
         SELECT k.queue, k.key, g.n
           FROM pglockkit.job_keys k
-          JOIN left_keys g ON k.queue OPERATOR(pg_catalog.=) g.queue AND k.key OPERATOR(pg_catalog.=) g.key
+          JOIN left_keys g ON k.queue = g.queue AND k.key = g.key
          ORDER BY k.queue, k.key
            FOR NO KEY UPDATE OF k
     )
     UPDATE pglockkit.job_keys k
        SET running = k.running OPERATOR(pg_catalog.-) l.n
       FROM locked l
-     WHERE k.queue OPERATOR(pg_catalog.=) l.queue AND k.key OPERATOR(pg_catalog.=) l.key
+     WHERE k.queue = l.queue AND k.key = l.key
 $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
     'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order.';
@@ -203,7 +203,7 @@ BEGIN
         RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
     END IF;
-    IF enqueue_job.concurrency_key OPERATOR(pg_catalog.=) '' THEN
+    IF enqueue_job.concurrency_key = '' THEN
         RAISE EXCEPTION 'concurrency_key must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF enqueue_job.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
@@ -229,7 +229,7 @@ BEGIN
         END IF;
         -- A pending job has this dedup key: return it. (If it finished in between, insert again.)
         SELECT j.id INTO v_id FROM pglockkit.jobs j
-         WHERE j.queue OPERATOR(pg_catalog.=) enqueue_job.queue AND j.dedup_key OPERATOR(pg_catalog.=) enqueue_job.dedup_key
+         WHERE j.queue = enqueue_job.queue AND j.dedup_key = enqueue_job.dedup_key
            AND j.status IN ('queued', 'running');
         IF v_id IS NOT NULL THEN
             RETURN v_id;
@@ -314,15 +314,15 @@ BEGIN
     -- (use_column: ON CONFLICT (queue, key) names columns; every parameter below is qualified.)
     -- The argument checks, as one expression when the arguments are good (each IF is an
     -- expression evaluation of its own); the statements inside say which one is bad.
-    IF claim_job.queue IS NULL OR claim_job.queue OPERATOR(pg_catalog.=) ''
+    IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
        OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
-       OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker OPERATOR(pg_catalog.=) ''
+       OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
             RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.queue OPERATOR(pg_catalog.=) '' THEN
+        IF claim_job.queue = '' THEN
             RAISE EXCEPTION 'queue name must not be empty' USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF claim_job.lease IS NULL THEN
@@ -338,7 +338,7 @@ BEGIN
         IF claim_job.worker IS NULL OR claim_job.batch IS NULL THEN
             RAISE EXCEPTION 'worker and batch must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.worker OPERATOR(pg_catalog.=) '' THEN
+        IF claim_job.worker = '' THEN
             RAISE EXCEPTION 'worker must not be empty' USING ERRCODE = 'invalid_parameter_value',
                 HINT = 'Name the worker (e.g. host:pid) so that a stuck job says who had it.';
         END IF;
@@ -355,7 +355,7 @@ BEGIN
     -- (the lock lasts until the caller's transaction ends, at once for an autocommit claim; other
     -- claimers skip that job meanwhile). For one job this is what that path would pick, without
     -- its per-key bookkeeping, whether or not the queue has other keyed jobs.
-    IF claim_job.batch OPERATOR(pg_catalog.=) 1
+    IF claim_job.batch = 1
        AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
         -- scan jumps over the entries of jobs_ready that are scheduled for later (run_at is an index
@@ -370,16 +370,16 @@ BEGIN
          WHERE j.id OPERATOR(pg_catalog.=) (
                SELECT r.id
                  FROM pglockkit.jobs r
-                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                  AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                  AND r.run_at <= v_now
                 ORDER BY r.priority DESC, r.run_at, r.id
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                            WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                            WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
-    ELSIF claim_job.batch OPERATOR(pg_catalog.=) 1 THEN
+    ELSIF claim_job.batch = 1 THEN
         -- Before 18, first the queue's highest priority alone (one probe finds it): the common
         -- case, a queue whose top priority has a due job, costs two index probes and no walk.
         RETURN QUERY
@@ -390,18 +390,18 @@ BEGIN
          WHERE j.id OPERATOR(pg_catalog.=) (
                SELECT r.id
                  FROM pglockkit.jobs r
-                WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                WHERE r.queue = claim_job.queue AND r.status = 'queued'
                   AND r.priority OPERATOR(pg_catalog.=) (
                       SELECT t.priority FROM pglockkit.jobs t
-                       WHERE t.queue OPERATOR(pg_catalog.=) claim_job.queue AND t.status OPERATOR(pg_catalog.=) 'queued'
+                       WHERE t.queue = claim_job.queue AND t.status = 'queued'
                        ORDER BY t.priority DESC LIMIT 1)
-                  AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                  AND r.run_at <= v_now
                 ORDER BY r.run_at, r.id
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                            WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                            WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         IF NOT FOUND THEN
             -- The top priority has no due job free (or its first is keyed): walk the priorities.
@@ -414,12 +414,12 @@ BEGIN
             -- the nested loop keeps that order (it cannot be another join: the subquery is lateral).
             priorities(priority) AS (
                 (SELECT r.priority FROM pglockkit.jobs r
-                  WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+                  WHERE r.queue = claim_job.queue AND r.status = 'queued'
                   ORDER BY r.priority DESC LIMIT 1)
                 UNION ALL
                 SELECT (SELECT r.priority FROM pglockkit.jobs r
-                         WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                           AND r.priority OPERATOR(pg_catalog.<) p.priority
+                         WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                           AND r.priority < p.priority
                          ORDER BY r.priority DESC LIMIT 1)
                   FROM priorities p WHERE p.priority IS NOT NULL
             )
@@ -432,15 +432,15 @@ BEGIN
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
                             FROM pglockkit.jobs r
-                           WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                             AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                           WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                             AND r.priority = p.priority AND r.run_at <= v_now
                            ORDER BY r.run_at, r.id
                            LIMIT 1
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT 1)
                AND j.concurrency_key IS NULL
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                                WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                                WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         END IF;
     ELSE
@@ -453,12 +453,12 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), claimed AS (
@@ -471,16 +471,16 @@ BEGIN
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
                             FROM pglockkit.jobs r
-                           WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                             AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                           WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                             AND r.priority = p.priority AND r.run_at <= v_now
                              AND r.concurrency_key IS NULL
                            ORDER BY r.run_at, r.id
                            LIMIT claim_job.batch
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT claim_job.batch))
-               AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue)
+               AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue)
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
-                                WHERE e.queue OPERATOR(pg_catalog.=) claim_job.queue AND e.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                                WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
         )
         SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
@@ -494,9 +494,9 @@ BEGIN
     -- Nothing claimed: no job was due, or the queue has keys or expired leases. Which one?
     -- (Separate statements, so separate snapshots under READ COMMITTED: a lease found expired only
     -- now, or a key added only now, is handled here or by the next claim.)
-    SELECT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue),
+    SELECT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue),
            EXISTS (SELECT FROM pglockkit.jobs j
-                    WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now)
+                    WHERE j.queue = claim_job.queue AND j.lease_expires_at <= v_now)
       INTO v_keyed, v_expired;
     IF NOT v_keyed AND NOT v_expired THEN
         RETURN;  -- no job due (or every due job is being claimed by someone else)
@@ -512,19 +512,19 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), expired AS (
-            SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted
+            SELECT j.id, j.attempt >= j.max_attempts AS exhausted
               FROM pglockkit.jobs j
-             WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
-               AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now
+             WHERE j.queue = claim_job.queue AND j.status = 'running'
+               AND j.lease_expires_at <= v_now
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
@@ -532,14 +532,14 @@ BEGIN
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
               FROM expired e
-             WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
+             WHERE j.id = e.id AND e.exhausted
         ), ready AS (
             SELECT x.id
               FROM priorities p CROSS JOIN LATERAL (
                    SELECT r.id
                      FROM pglockkit.jobs r
-                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                      AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                    WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                      AND r.priority = p.priority AND r.run_at <= v_now
                       AND r.concurrency_key IS NULL
                     ORDER BY r.run_at, r.id
                     LIMIT claim_job.batch
@@ -591,19 +591,19 @@ BEGIN
         -- The queue's priorities with queued jobs, highest first, one index probe each.
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
-              WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
+              WHERE r.queue = claim_job.queue AND r.status = 'queued'
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
-                     WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                       AND r.priority OPERATOR(pg_catalog.<) p.priority
+                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                       AND r.priority < p.priority
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), expired AS (
-            SELECT j.id, j.attempt OPERATOR(pg_catalog.>=) j.max_attempts AS exhausted, j.concurrency_key
+            SELECT j.id, j.attempt >= j.max_attempts AS exhausted, j.concurrency_key
               FROM pglockkit.jobs j
-             WHERE j.queue OPERATOR(pg_catalog.=) claim_job.queue AND j.status OPERATOR(pg_catalog.=) 'running'
-               AND j.lease_expires_at OPERATOR(pg_catalog.<=) v_now
+             WHERE j.queue = claim_job.queue AND j.status = 'running'
+               AND j.lease_expires_at <= v_now
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
@@ -612,16 +612,16 @@ BEGIN
               FROM priorities p CROSS JOIN LATERAL (
                    SELECT r.id, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit
                      FROM pglockkit.jobs r
-                    WHERE r.queue OPERATOR(pg_catalog.=) claim_job.queue AND r.status OPERATOR(pg_catalog.=) 'queued'
-                      AND r.priority OPERATOR(pg_catalog.=) p.priority AND r.run_at OPERATOR(pg_catalog.<=) v_now
+                    WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                      AND r.priority = p.priority AND r.run_at <= v_now
                       AND (r.concurrency_key IS NULL OR NOT EXISTS (
                       SELECT FROM pglockkit.job_keys k
-                       WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue AND k.key OPERATOR(pg_catalog.=) r.concurrency_key
+                       WHERE k.queue = claim_job.queue AND k.key = r.concurrency_key
                          AND (k.running OPERATOR(pg_catalog.>=) r.concurrency_limit
                               OR (k.running OPERATOR(pg_catalog.>) 0 AND k.running OPERATOR(pg_catalog.>=) (
                                   SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
-                                   WHERE m.queue OPERATOR(pg_catalog.=) claim_job.queue
-                                     AND m.concurrency_key OPERATOR(pg_catalog.=) r.concurrency_key
+                                   WHERE m.queue = claim_job.queue
+                                     AND m.concurrency_key = r.concurrency_key
                                      AND m.status IN ('queued', 'running'))))))
                     ORDER BY r.run_at, r.id
                     LIMIT claim_job.batch
@@ -638,7 +638,7 @@ BEGIN
             -- here and below: one index probe each, whatever the generic plan's estimates.)
             SELECT k.key, k.running
               FROM pglockkit.job_keys k
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
+             WHERE k.queue = claim_job.queue
                AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))
              ORDER BY k.key
                FOR NO KEY UPDATE OF k SKIP LOCKED
@@ -647,11 +647,11 @@ BEGIN
             SELECT y.key FROM keyed y
              WHERE y.key OPERATOR(pg_catalog.<>) ALL (ARRAY(
                    SELECT k.key FROM pglockkit.job_keys k
-                    WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
+                    WHERE k.queue = claim_job.queue
                       AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))))
         ), limits AS (
             SELECT y.key, (SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
-                            WHERE m.queue OPERATOR(pg_catalog.=) claim_job.queue AND m.concurrency_key OPERATOR(pg_catalog.=) y.key
+                            WHERE m.queue = claim_job.queue AND m.concurrency_key = y.key
                               AND m.status IN ('queued', 'running')) AS lim
               FROM keyed y
         ), allowed AS (
@@ -661,9 +661,9 @@ BEGIN
                            coalesce(l.running, 0) AS running_now, l.key IS NOT NULL AS have_row,
                            m.key IS NOT NULL AS create_row, coalesce(lm.lim, r.concurrency_limit) AS key_limit
                       FROM ready r
-                      LEFT JOIN locked l ON l.key OPERATOR(pg_catalog.=) r.concurrency_key
-                      LEFT JOIN missing m ON m.key OPERATOR(pg_catalog.=) r.concurrency_key
-                      LEFT JOIN limits lm ON lm.key OPERATOR(pg_catalog.=) r.concurrency_key) r
+                      LEFT JOIN locked l ON l.key = r.concurrency_key
+                      LEFT JOIN missing m ON m.key = r.concurrency_key
+                      LEFT JOIN limits lm ON lm.key = r.concurrency_key) r
              WHERE r.concurrency_key IS NULL
                 OR ((r.have_row OR r.create_row)
                     AND r.nth OPERATOR(pg_catalog.<=) (r.key_limit OPERATOR(pg_catalog.-) r.running_now)
@@ -676,7 +676,7 @@ BEGIN
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
               FROM expired e
-             WHERE j.id OPERATOR(pg_catalog.=) e.id AND e.exhausted
+             WHERE j.id = e.id AND e.exhausted
                AND (e.concurrency_key IS NULL OR e.concurrency_key IN (SELECT l.key FROM locked l)
                     OR e.concurrency_key IN (SELECT m.key FROM missing m))
             RETURNING j.concurrency_key
@@ -688,8 +688,8 @@ BEGIN
             UPDATE pglockkit.job_keys k
                SET running = k.running OPERATOR(pg_catalog.-) b.n
               FROM unbury b
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key OPERATOR(pg_catalog.=) b.key
+             WHERE k.queue = claim_job.queue
+               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
         ), reserve AS (
             SELECT kk.concurrency_key AS key, pg_catalog.count(*)::int AS n, pg_catalog.min(kk.key_limit) AS lim
               FROM kept kk WHERE kk.have_row GROUP BY kk.concurrency_key
@@ -698,8 +698,8 @@ BEGIN
             UPDATE pglockkit.job_keys k
                SET running = k.running OPERATOR(pg_catalog.+) g.n, lim = g.lim
               FROM reserve g
-             WHERE k.queue OPERATOR(pg_catalog.=) claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key OPERATOR(pg_catalog.=) g.key
+             WHERE k.queue = claim_job.queue
+               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
                AND (k.running OPERATOR(pg_catalog.+) g.n) OPERATOR(pg_catalog.<=) g.lim
             RETURNING k.key
         ), created AS (
@@ -746,7 +746,7 @@ BEGIN
         -- next poll. Meanwhile this transaction keeps the job rows it locked and did not claim:
         -- other claimers skip them, a completion or cancel of one of them waits (for 15 ms at
         -- most); this claim waits for nothing.
-        EXIT WHEN v_found OR NOT v_held OR v_pause OPERATOR(pg_catalog.>) 0.008;
+        EXIT WHEN v_found OR NOT v_held OR v_pause > 0.008;
         PERFORM pg_catalog.pg_sleep(v_pause);
         v_pause := v_pause OPERATOR(pg_catalog.*) 2;
         v_now := pg_catalog.clock_timestamp();
@@ -768,8 +768,8 @@ DECLARE
 BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) complete_job.id AND j.token OPERATOR(pg_catalog.=) complete_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = complete_job.id AND j.token = complete_job.token
+       AND j.status = 'running'
     RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(complete_job.id);
@@ -805,14 +805,14 @@ BEGIN
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
           FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-         WHERE j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
-           AND j.status OPERATOR(pg_catalog.=) 'running'
+         WHERE j.id = c.id AND j.token = c.token
+           AND j.status = 'running'
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
       INTO v_done, v_queues, v_keys
       FROM done d;
-    IF v_done OPERATOR(pg_catalog.>) 0 THEN
+    IF v_done > 0 THEN
         PERFORM pglockkit._keys_left(v_queues, v_keys);
     END IF;
     RETURN v_done;
@@ -842,13 +842,13 @@ BEGIN
         RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE pglockkit.jobs j
-       SET status = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN 'dead' ELSE 'queued' END,
-           run_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN j.run_at
+       SET status = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
+           run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
                          ELSE v_now OPERATOR(pg_catalog.+) coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
-           finished_at = CASE WHEN j.attempt OPERATOR(pg_catalog.>=) j.max_attempts THEN v_now END,
+           finished_at = CASE WHEN j.attempt >= j.max_attempts THEN v_now END,
            last_error = fail_job.error, lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) fail_job.id AND j.token OPERATOR(pg_catalog.=) fail_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = fail_job.id AND j.token = fail_job.token
+       AND j.status = 'running'
     RETURNING j.status, j.queue, j.concurrency_key INTO v_status, v_queue, v_key;
     IF v_status IS NULL THEN
         PERFORM pglockkit._job_not_found(fail_job.id);
@@ -873,8 +873,8 @@ BEGIN
     PERFORM pglockkit._check_lease(extend_job.lease);
     UPDATE pglockkit.jobs j
        SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_job.lease
-     WHERE j.id OPERATOR(pg_catalog.=) extend_job.id AND j.token OPERATOR(pg_catalog.=) extend_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running';
+     WHERE j.id = extend_job.id AND j.token = extend_job.token
+       AND j.status = 'running';
     RETURN FOUND OR pglockkit._job_not_found(extend_job.id);
 END
 $$;
@@ -893,8 +893,8 @@ BEGIN
     UPDATE pglockkit.jobs j
        SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
            run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
-     WHERE j.id OPERATOR(pg_catalog.=) release_job.id AND j.token OPERATOR(pg_catalog.=) release_job.token
-       AND j.status OPERATOR(pg_catalog.=) 'running'
+     WHERE j.id = release_job.id AND j.token = release_job.token
+       AND j.status = 'running'
     RETURNING j.queue, j.concurrency_key INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(release_job.id);
@@ -920,14 +920,14 @@ DECLARE
 BEGIN
     WITH old AS (
         SELECT j.id, j.status FROM pglockkit.jobs j
-         WHERE j.id OPERATOR(pg_catalog.=) cancel_job.id AND j.status IN ('queued', 'running')
+         WHERE j.id = cancel_job.id AND j.status IN ('queued', 'running')
            FOR UPDATE
     )
     UPDATE pglockkit.jobs j
        SET status = 'cancelled', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
       FROM old
-     WHERE j.id OPERATOR(pg_catalog.=) old.id
-    RETURNING j.queue, CASE WHEN old.status OPERATOR(pg_catalog.=) 'running' THEN j.concurrency_key END
+     WHERE j.id = old.id
+    RETURNING j.queue, CASE WHEN old.status = 'running' THEN j.concurrency_key END
          INTO v_queue, v_key;
     IF NOT FOUND THEN
         RETURN pglockkit._job_not_found(cancel_job.id);
@@ -954,7 +954,7 @@ BEGIN
     WITH requeued AS (
         UPDATE pglockkit.jobs j
            SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-         WHERE j.queue OPERATOR(pg_catalog.=) retry_dead_jobs.queue AND j.status OPERATOR(pg_catalog.=) 'dead'
+         WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead'
            AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
         RETURNING j.concurrency_key, j.concurrency_limit
     )
@@ -971,7 +971,7 @@ BEGIN
                    FROM ROWS FROM (pg_catalog.unnest(v_keys), pg_catalog.unnest(v_limits)) AS x(key, lim)
                   GROUP BY x.key ORDER BY x.key) g;
     END IF;
-    IF v_n OPERATOR(pg_catalog.>) 0 THEN
+    IF v_n > 0 THEN
         PERFORM pg_catalog.pg_notify('pglockkit_jobs', retry_dead_jobs.queue);
     END IF;
     RETURN v_n;
@@ -999,7 +999,7 @@ BEGIN
     DELETE FROM pglockkit.jobs j
      WHERE j.status IN ('done', 'cancelled', CASE WHEN include_dead THEN 'dead' END)
        AND j.finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than)
-       AND (prune_jobs.queue IS NULL OR j.queue OPERATOR(pg_catalog.=) prune_jobs.queue);
+       AND (prune_jobs.queue IS NULL OR j.queue = prune_jobs.queue);
     GET DIAGNOSTICS v_n = ROW_COUNT;
 
     -- The rows of idle concurrency keys (no queued or running job; each such row also turned the
@@ -1008,10 +1008,10 @@ BEGIN
     -- adding work to it (they pin the row, see _pin_job_key); never waits.
     SELECT pg_catalog.array_agg(i.queue), pg_catalog.array_agg(i.key) INTO v_queues, v_keys
       FROM (SELECT k.queue, k.key FROM pglockkit.job_keys k
-             WHERE (prune_jobs.queue IS NULL OR k.queue OPERATOR(pg_catalog.=) prune_jobs.queue)
-               AND k.running OPERATOR(pg_catalog.=) 0
+             WHERE (prune_jobs.queue IS NULL OR k.queue = prune_jobs.queue)
+               AND k.running = 0
                AND NOT EXISTS (SELECT FROM pglockkit.jobs m
-                                WHERE m.queue OPERATOR(pg_catalog.=) k.queue AND m.concurrency_key OPERATOR(pg_catalog.=) k.key
+                                WHERE m.queue = k.queue AND m.concurrency_key = k.key
                                   AND m.status IN ('queued', 'running'))
                FOR UPDATE OF k SKIP LOCKED) i;
     -- Then delete those still idle, seen with a snapshot taken after the locks: work added by a
@@ -1020,10 +1020,10 @@ BEGIN
     IF v_keys IS NOT NULL THEN
         DELETE FROM pglockkit.job_keys k
          USING ROWS FROM (pg_catalog.unnest(v_queues), pg_catalog.unnest(v_keys)) AS c(queue, key)
-         WHERE k.queue OPERATOR(pg_catalog.=) c.queue AND k.key OPERATOR(pg_catalog.=) c.key
-           AND k.running OPERATOR(pg_catalog.=) 0
+         WHERE k.queue = c.queue AND k.key = c.key
+           AND k.running = 0
            AND NOT EXISTS (SELECT FROM pglockkit.jobs m
-                            WHERE m.queue OPERATOR(pg_catalog.=) k.queue AND m.concurrency_key OPERATOR(pg_catalog.=) k.key
+                            WHERE m.queue = k.queue AND m.concurrency_key = k.key
                               AND m.status IN ('queued', 'running'));
     END IF;
     RETURN v_n;
@@ -1074,14 +1074,14 @@ BEGIN
         SELECT j.id
           FROM pglockkit.jobs j
           JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-            ON j.id OPERATOR(pg_catalog.=) c.id AND j.token OPERATOR(pg_catalog.=) c.token
-         WHERE j.status OPERATOR(pg_catalog.=) 'running'
+            ON j.id = c.id AND j.token = c.token
+         WHERE j.status = 'running'
            FOR NO KEY UPDATE OF j SKIP LOCKED
     )
     UPDATE pglockkit.jobs j
        SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_jobs.lease
       FROM mine
-     WHERE j.id OPERATOR(pg_catalog.=) mine.id;
+     WHERE j.id = mine.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
@@ -1107,7 +1107,7 @@ BEGIN
     END IF;
     LOOP
         PERFORM FROM pglockkit.job_keys k
-          WHERE k.queue OPERATOR(pg_catalog.=) _pin_job_key.queue AND k.key OPERATOR(pg_catalog.=) _pin_job_key.key
+          WHERE k.queue = _pin_job_key.queue AND k.key = _pin_job_key.key
             FOR KEY SHARE;
         EXIT WHEN FOUND;
         -- Pruned meanwhile (or never there): create it; ours until commit. If another transaction
@@ -1193,7 +1193,7 @@ BEGIN
     SELECT p.n, s.size INTO v_n, v_size
       FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n),
            LATERAL (SELECT pg_catalog.pg_column_size(p.payload OPERATOR(pg_catalog.#>) '{}'::text[]) AS size) s
-     WHERE s.size OPERATOR(pg_catalog.>) v_limit
+     WHERE s.size > v_limit
      ORDER BY p.n
      LIMIT 1;
     IF v_n IS NOT NULL THEN

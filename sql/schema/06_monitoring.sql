@@ -8,9 +8,9 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
-        WHEN objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
-        WHEN k.key OPERATOR(pg_catalog.=) 72707369 THEN 'flyway'   -- Flyway's migration lock
-        WHEN k.key OPERATOR(pg_catalog.<=) 0 THEN 'unregistered'
+        WHEN objsubid = 2 THEN 'int4 pair'
+        WHEN k.key = 72707369 THEN 'flyway'   -- Flyway's migration lock
+        WHEN k.key <= 0 THEN 'unregistered'
         ELSE coalesce((SELECT n.name FROM pglockkit.namespaces n
                         WHERE n.id OPERATOR(pg_catalog.=) (k.key OPERATOR(pg_catalog.>>) 48)::int4), 'unregistered')
     END
@@ -209,7 +209,7 @@ BEGIN
                    pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
                        OPERATOR(pg_catalog.=) 1 AS first
               FROM pglockkit.advisory_locks al
-              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) al.pid
+              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
               CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
      GROUP BY h.namespace, h.key, h.key1, h.key2;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
@@ -244,15 +244,15 @@ AS $$
           FROM per_ns p GROUP BY p.namespace
     )
     SELECT w.namespace, w.key, w.key1, w.key2, pg_catalog.count(*),
-           pg_catalog.count(*) FILTER (WHERE w.waiters OPERATOR(pg_catalog.>) 0),
+           pg_catalog.count(*) FILTER (WHERE w.waiters > 0),
            pg_catalog.max(w.waiters), pg_catalog.round(pg_catalog.avg(w.waiters), 2), pg_catalog.max(w.longest_wait),
            (SELECT pg_catalog.array_agg(DISTINCT q) FROM window_ w2, pg_catalog.unnest(w2.holder_queries) AS q
-             WHERE w2.namespace OPERATOR(pg_catalog.=) w.namespace AND w2.key IS NOT DISTINCT FROM w.key
+             WHERE w2.namespace = w.namespace AND w2.key IS NOT DISTINCT FROM w.key
                AND w2.key1 IS NOT DISTINCT FROM w.key1 AND w2.key2 IS NOT DISTINCT FROM w.key2),
            ns.sessions, ns.parallelism
-      FROM window_ w JOIN ns ON ns.namespace OPERATOR(pg_catalog.=) w.namespace
+      FROM window_ w JOIN ns ON ns.namespace = w.namespace
      GROUP BY w.namespace, w.key, w.key1, w.key2, ns.sessions, ns.parallelism
-     ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters OPERATOR(pg_catalog.>) 0) DESC, pg_catalog.max(w.waiters) DESC
+     ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters > 0) DESC, pg_catalog.max(w.waiters) DESC
 $$;
 COMMENT ON FUNCTION pglockkit.contention_report(interval) IS
     'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';

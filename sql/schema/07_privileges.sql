@@ -31,16 +31,16 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_user  boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'pglockkit_user');
-    v_admin boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'pglockkit_admin');
+    v_user  boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pglockkit_user');
+    v_admin boolean := EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pglockkit_admin');
     r       record;
 BEGIN
     FOR r IN SELECT p.oid::regprocedure AS sig, p.proname
                FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace
+              WHERE p.pronamespace = 'pglockkit'::regnamespace
     LOOP
         EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', r.sig);
-        CONTINUE WHEN r.proname OPERATOR(pg_catalog.=) '_grant_privileges';
+        CONTINUE WHEN r.proname = '_grant_privileges';
         IF pglockkit._admin_only(r.proname) THEN
             IF v_user THEN
                 EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM pglockkit_user', r.sig);
@@ -55,7 +55,7 @@ BEGIN
     GRANT USAGE ON SCHEMA pglockkit TO pg_monitor;
     GRANT SELECT ON pglockkit.namespaces TO pg_monitor;
     FOR r IN SELECT c.oid::regclass AS rel FROM pg_catalog.pg_class c
-              WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace AND c.relkind OPERATOR(pg_catalog.=) 'v'
+              WHERE c.relnamespace = 'pglockkit'::regnamespace AND c.relkind = 'v'
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON %s TO pg_monitor', r.rel);
     END LOOP;
@@ -63,7 +63,7 @@ BEGIN
         GRANT USAGE ON SCHEMA pglockkit TO pglockkit_user;
         GRANT SELECT ON pglockkit.namespaces TO pglockkit_user;
         FOR r IN SELECT c.oid::regclass AS rel FROM pg_catalog.pg_class c
-                  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pglockkit'::regnamespace AND c.relkind OPERATOR(pg_catalog.=) 'v'
+                  WHERE c.relnamespace = 'pglockkit'::regnamespace AND c.relkind = 'v'
         LOOP
             EXECUTE pg_catalog.format('GRANT SELECT ON %s TO pglockkit_user', r.rel);
         END LOOP;
