@@ -17,6 +17,8 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
+from pglockkit import _format as fmt
+
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -34,17 +36,6 @@ class Finding:
 def _rows(conn: psycopg.Connection, sql: str, params: tuple = ()) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(sql, params).fetchall()
-
-
-def _fmt_age(value: timedelta | None) -> str:
-    if value is None:
-        return "-"
-    seconds = value.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def doctor(
@@ -68,7 +59,7 @@ def doctor(
                 "warning",
                 "idle lock holder",
                 f"pid {r['pid']} ({r['application_name'] or '?'}) holds advisory lock {r['namespace']}/{key} "
-                f"while {r['state']} for {_fmt_age(r['idle_for'])}: "
+                f"while {r['state']} for {fmt.age(r['idle_for'])}: "
                 "a session lock left on a pooled connection?",
                 "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
                 f"end the session: SELECT pg_terminate_backend({r['pid']});",
@@ -128,7 +119,7 @@ def doctor(
                 Finding(
                     "warning",
                     "queue lag",
-                    f"queue {r['queue']}: the oldest ready job has waited {_fmt_age(r['oldest_ready_age'])}",
+                    f"queue {r['queue']}: the oldest ready job has waited {fmt.age(r['oldest_ready_age'])}",
                     "Add workers, or look for workers stuck behind a lock (pglockkit.lock_waits).",
                 )
             )
@@ -153,7 +144,7 @@ def doctor(
                 "info",
                 "expired lease",
                 f"lease {r['name']} (holder {r['holder']}, token {r['token']}) "
-                f"expired {_fmt_age(r['expired_for'])} ago",
+                f"expired {fmt.age(r['expired_for'])} ago",
                 "Its holder stopped renewing; the next acquire_lease takes it with a higher token.",
             )
         )
@@ -170,7 +161,7 @@ def doctor(
                 "xmin horizon",
                 f"{r['kind']} {r['holder']} ({r['application_name'] or r['state'] or '?'}) holds the xmin "
                 f"horizon back by {r['xmin_age']} transactions"
-                + (f" for {_fmt_age(r['xact_age'])}" if r["xact_age"] is not None else ""),
+                + (f" for {fmt.age(r['xact_age'])}" if r["xact_age"] is not None else ""),
                 "Vacuum cannot remove the queue's dead rows meanwhile: end that transaction, or drop "
                 "the unused slot (see pglockkit.table_health for the damage).",
             )
@@ -352,7 +343,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         tail = f"{r['application_name'] or ''} {r['query'] or ''}".strip()
         line = (
             f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{r['pid']:>7} {tag:<5}"
-            f"{_cut(r['state'], 10):<11}{_fmt_age(age):>7}  "
+            f"{_cut(r['state'], 10):<11}{fmt.age(age):>7}  "
         )
         out.append(line + _cut(tail, max(10, width - len(line))))
         if not r["granted"] and r["blocked_by"]:
@@ -369,7 +360,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         for w in behind:
             what = w["namespace"] or w["relation"] or w["locktype"]
             out.append(
-                f"  `-- pid {w['pid']} waits {_fmt_age(w['wait_time'])} on {_cut(what, 30)} "
+                f"  `-- pid {w['pid']} waits {fmt.age(w['wait_time'])} on {_cut(what, 30)} "
                 f"(blocked by {', '.join(map(str, w['blocked_by']))})"
             )
     queues = _rows(
@@ -387,7 +378,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     for q in queues:
         out.append(
             f"{_cut(q['queue'], 19):<20}{q['ready']:>7}{q['scheduled']:>7}{q['running']:>6}"
-            f"{q['expired_leases']:>8}{q['dead']:>6}{_fmt_age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
+            f"{q['expired_leases']:>8}{q['dead']:>6}{fmt.age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
         )
     leases = _rows(
         conn, "SELECT name, holder, token, live, expires_in FROM pglockkit.lease_status ORDER BY name"
@@ -402,6 +393,6 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     for lease in leases:
         out.append(
             f"{_cut(lease['name'], 23):<24}{_cut(lease['holder'], 23):<24}{lease['token']:>8}  "
-            f"{'yes' if lease['live'] else 'no':<5}{_fmt_age(lease['expires_in']):>11}"
+            f"{'yes' if lease['live'] else 'no':<5}{fmt.age(lease['expires_in']):>11}"
         )
     return "\n".join(_cut(line, width) if len(line) > width else line for line in out)
