@@ -6,6 +6,7 @@ import argparse
 import ctypes
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -13,10 +14,12 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 
-from pglockkit import _calls, demo, embedded, locks, monitor, queue, runs
+from pglockkit import _calls, embedded, locks, monitor, queue, runs
+from pglockkit import _format as fmt
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
@@ -52,24 +55,10 @@ def _dsn(args: argparse.Namespace) -> str:
 
 def _duration(text: str) -> timedelta:
     """'200ms', '2s', '1.5s', '5m', '1h', '7d', or plain seconds."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    for suffix in ("ms", "s", "m", "h", "d"):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = text, 1
     try:
-        return timedelta(seconds=float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 200ms, 2s, 5m, 7d)") from None
-
-
-def _fmt_duration(value: timedelta) -> str:
-    seconds = value.total_seconds()
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    return f"{seconds:g}s"
+        return fmt.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -143,7 +132,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         print(render_namespaces_markdown(rows))
         return 0
     for r in rows:
-        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
+        timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
         print(f"{r['id']:>5}  {r['name']:<24} timeout={timeout!s:<10} {r['description'] or ''}")
     return 0
 
@@ -156,7 +145,7 @@ def render_namespaces_markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         low = r["id"] << 16
-        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
+        timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
         desc = (r["description"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r['id']} | `{r['name']}` | {low}..{low + 0xFFFF} | {timeout} | {desc} |")
     lines.append("")
@@ -453,6 +442,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from pglockkit import demo  # only here: the demo is not part of any other command
+
     if args.steps and max(args.steps) > args.agents:
         args.demo_parser.error(f"--steps {max(args.steps)} is more than --agents {args.agents}")
     if args.dsn:
@@ -461,6 +452,83 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = embedded.start(args.data)
     install(dsn)
     return demo.main(args, dsn, "embedded, `pglockkit up`")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _agent_counts(text: str) -> list[int]:
+    """'1,2,4,8,16' -> [1, 2, 4, 8, 16]; every count at least 1."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated agent counts, got {text!r}")
+    return sorted({_positive_int(p) for p in parts})
+
+
+def _plot_path(text: str) -> Path:
+    """--plot FILE.png: fails at once, before any work, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            "--plot needs matplotlib, which is not installed: pip install 'pglockkit[plot]'"
+        ) from None
+    return Path(text)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``pglockkit demo``."""
+    parser.add_argument(
+        "--dsn", help="run on this database (pglockkit installed) instead of the embedded server"
+    )
+    parser.add_argument(
+        "--data", metavar="DIR", help="the embedded server's data directory (default: the user data dir)"
+    )
+    parser.add_argument(
+        "--agents", type=_positive_int, default=16, metavar="N", help="swarm size (default %(default)s)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=_agent_counts,
+        metavar="N,N,...",
+        help="agent counts to sweep, each at most --agents (default 1,2,4,... up to --agents); "
+        "1 is always measured: it is the baseline of the parallelism",
+    )
+    parser.add_argument(
+        "--seconds", type=_positive_float, default=3.0, help="length of each step (default %(default)g)"
+    )
+    parser.add_argument(
+        "--work-ms",
+        type=_positive_float,
+        default=50.0,
+        metavar="MS",
+        help="simulated work per unit, a sleep (default %(default)g)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=_positive_int,
+        default=64,
+        help="tenants of the sharded design (default %(default)s)",
+    )
+    parser.add_argument("--plot", type=_plot_path, metavar="FILE.png", help="draw jobs/s against agents")
+    parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -695,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded server (started if needed) unless --dsn is given; works in schema pglockkit_demo, "
         "dropped at start and end.",
     )
-    demo.add_arguments(p)
+    _demo_arguments(p)
     p.set_defaults(demo_parser=p)
     return parser
 
