@@ -18,13 +18,12 @@ from pathlib import Path
 
 import psycopg
 
-from pglockkit import _calls, embedded, locks, monitor, queue, runs
+from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs
 from pglockkit import _format as fmt
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
-from pglockkit.leases import default_holder
 from pglockkit.worker import Worker
 
 EPILOG = f"""\
@@ -175,8 +174,7 @@ def cmd_grant(args: argparse.Namespace) -> int:
 def cmd_key(args: argparse.Namespace) -> int:
     resource: str | int = int(args.resource) if args.int else args.resource
     with connect(_dsn(args), autocommit=True) as conn:
-        key = conn.execute("SELECT pglockkit.lock_key(%s, %s)", (args.namespace, resource)).fetchone()[0]
-    print(key)
+        print(locks.resource_key(conn, args.namespace, resource))
     return 0
 
 
@@ -224,7 +222,7 @@ class _Once:
     def run(self) -> int:
         conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit run {self.job}")
         with conn:
-            run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
+            run_id = runs.start_run(conn, self.job, self.slot, self.holder or leases.default_holder())
             if run_id is None:
                 _calls.run_event("skipped", self.job, self.slot, None)
                 print(
@@ -309,35 +307,24 @@ def _die_with_parent():
 _PR_SET_PDEATHSIG = 1
 
 
-def _print_rows(conn, query: str, params: tuple = ()) -> None:
-    cur = conn.execute(query, params)
-    names = [d.name for d in cur.description]
-    rows = [[("" if v is None else str(v)) for v in row] for row in cur.fetchall()]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
-    for r in rows:
+def _print_table(columns: tuple[str, ...], rows: list[dict]) -> None:
+    """Aligned columns under a header; NULL prints as nothing."""
+    cells = [[("" if r[c] is None else str(r[c])) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for r in cells:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT name, holder, token, live, date_trunc('milliseconds', expires_in) AS expires_in, "
-            "session_bound FROM pglockkit.lease_status ORDER BY name",
-        )
+        _print_table(_calls.LEASE_COLUMNS, leases.leases(conn))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT id, job, slot, holder, status, attempt, date_trunc('seconds', started_at) AS started_at, "
-            "date_trunc('milliseconds', duration) AS duration, detail FROM pglockkit.run_history "
-            "WHERE %s::text IS NULL OR job = %s ORDER BY started_at DESC LIMIT %s",
-            (args.job, args.job, args.limit),
-        )
+        _print_table(_calls.RUN_COLUMNS, runs.runs(conn, args.job, args.limit))
     return 0
 
 
@@ -391,15 +378,7 @@ def cmd_work(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
-            # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
-            "date_trunc('seconds', run_at)::text AS run_at, worker, left(payload::text, 40) AS payload, "
-            "left(last_error, 40) AS last_error FROM pglockkit.jobs "
-            "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",
-            (args.queue, args.status, args.status, args.limit),
-        )
+        _print_table(_calls.JOB_LIST_COLUMNS, queue.jobs(conn, args.queue, args.status, args.limit))
     return 0
 
 
@@ -433,7 +412,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             while args.count is None or taken < args.count:
                 if taken:
                     time.sleep(args.every.total_seconds())
-                rows = conn.execute("SELECT pglockkit.sample(%s)", (args.retention,)).fetchone()[0]
+                rows = monitor.sample(conn, args.retention)
                 taken += 1
                 print(f"sample {taken}: {rows} lock key(s) recorded", file=sys.stderr)
         except KeyboardInterrupt:

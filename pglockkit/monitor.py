@@ -306,6 +306,12 @@ def _probe(conn: psycopg.Connection, last: int, wait: float = 2.0) -> tuple[int 
         return probe_pid, moved_to
 
 
+def sample(conn: psycopg.Connection, retention: timedelta = timedelta(days=7)) -> int:
+    """Record one contention sample (``pglockkit.sample``), deleting samples older than
+    ``retention``; returns how many lock keys it recorded. What ``pglockkit sample`` runs."""
+    return conn.execute("SELECT pglockkit.sample(%s)", (retention,)).fetchone()[0]
+
+
 def render_findings(findings: list[Finding]) -> str:
     if not findings:
         return "pglockkit doctor: no findings"
