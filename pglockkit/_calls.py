@@ -195,11 +195,19 @@ def register_namespace(
 NAMESPACE_COLUMNS = ("id", "name", "description", "owner", "lock_timeout", "created_at")
 
 
+def _dicts(columns: tuple[str, ...]) -> Callable[[Rows], list[dict]]:
+    return lambda rows: [dict(zip(columns, row, strict=True)) for row in rows]
+
+
 def namespaces() -> Call[list[dict]]:
     return Call(
         f"SELECT {', '.join(NAMESPACE_COLUMNS)} FROM pglockkit.namespaces ORDER BY id",
-        decode=lambda rows: [dict(zip(NAMESPACE_COLUMNS, row, strict=True)) for row in rows],
+        decode=_dicts(NAMESPACE_COLUMNS),
     )
+
+
+def resource_key(ns: str, resource: str | int) -> Call[int]:
+    return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
 
 
 def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
@@ -371,6 +379,17 @@ def prune_leases(older_than: float | timedelta) -> Call[int]:
     return Call("SELECT pglockkit.prune_leases(%s)", (seconds(older_than),))
 
 
+LEASE_COLUMNS = ("name", "holder", "token", "live", "expires_in", "session_bound")
+
+
+def leases() -> Call[list[dict]]:
+    return Call(
+        "SELECT name, holder, token, live, date_trunc('milliseconds', expires_in), session_bound "
+        "FROM pglockkit.lease_status ORDER BY name",
+        decode=_dicts(LEASE_COLUMNS),
+    )
+
+
 def lease_acquire_event(name: str, holder: str, token: int | None) -> None:
     state = "acquired" if token is not None else "busy"
     leases_log.info("lease %s name=%s holder=%s token=%s", state, name, holder, token)
@@ -498,6 +517,21 @@ def cancel(job_id: int) -> Call[bool]:
     return Call("SELECT pglockkit.cancel_job(%s)", (job_id,))
 
 
+JOB_LIST_COLUMNS = ("id", "status", "priority", "attempts", "run_at", "worker", "payload", "last_error")
+
+
+def jobs(queue: str, status: str | None, limit: int) -> Call[list[dict]]:
+    return Call(
+        "SELECT id, status, priority, attempt || '/' || max_attempts, "
+        # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
+        "date_trunc('seconds', run_at)::text, worker, left(payload::text, 40), left(last_error, 40) "
+        "FROM pglockkit.jobs WHERE queue = %s AND (%s::text IS NULL OR status = %s) "
+        "ORDER BY id DESC LIMIT %s",
+        (queue, status, status, limit),
+        decode=_dicts(JOB_LIST_COLUMNS),
+    )
+
+
 # --- runs -----------------------------------------------------------------------------------
 
 
@@ -511,6 +545,19 @@ def finish_run(run_id: int, ok: bool, detail: str | None) -> Call[bool]:
 
 def prune_runs(older_than: float | timedelta) -> Call[int]:
     return Call("SELECT pglockkit.prune_runs(%s)", (seconds(older_than),))
+
+
+RUN_COLUMNS = ("id", "job", "slot", "holder", "status", "attempt", "started_at", "duration", "detail")
+
+
+def runs(job: str | None, limit: int) -> Call[list[dict]]:
+    return Call(
+        "SELECT id, job, slot, holder, status, attempt, date_trunc('seconds', started_at) AS started_at, "
+        "date_trunc('milliseconds', duration), detail FROM pglockkit.run_history "
+        "WHERE %s::text IS NULL OR job = %s ORDER BY started_at DESC LIMIT %s",
+        (job, job, limit),
+        decode=_dicts(RUN_COLUMNS),
+    )
 
 
 def run_event(event: str, job: str, slot: str, run_id: int | None) -> None:

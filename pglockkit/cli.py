@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
+import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 
-from pglockkit import _calls, demo, embedded, locks, monitor, queue, runs
+from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs
+from pglockkit import _format as fmt
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
+from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
-from pglockkit.leases import default_holder
 from pglockkit.worker import Worker
 
 EPILOG = f"""\
@@ -52,24 +52,10 @@ def _dsn(args: argparse.Namespace) -> str:
 
 def _duration(text: str) -> timedelta:
     """'200ms', '2s', '1.5s', '5m', '1h', '7d', or plain seconds."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    for suffix in ("ms", "s", "m", "h", "d"):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = text, 1
     try:
-        return timedelta(seconds=float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 200ms, 2s, 5m, 7d)") from None
-
-
-def _fmt_duration(value: timedelta) -> str:
-    seconds = value.total_seconds()
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    return f"{seconds:g}s"
+        return fmt.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -143,7 +129,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         print(render_namespaces_markdown(rows))
         return 0
     for r in rows:
-        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
+        timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
         print(f"{r['id']:>5}  {r['name']:<24} timeout={timeout!s:<10} {r['description'] or ''}")
     return 0
 
@@ -156,7 +142,7 @@ def render_namespaces_markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         low = r["id"] << 16
-        timeout = _fmt_duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
+        timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
         desc = (r["description"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r['id']} | `{r['name']}` | {low}..{low + 0xFFFF} | {timeout} | {desc} |")
     lines.append("")
@@ -186,8 +172,7 @@ def cmd_grant(args: argparse.Namespace) -> int:
 def cmd_key(args: argparse.Namespace) -> int:
     resource: str | int = int(args.resource) if args.int else args.resource
     with connect(_dsn(args), autocommit=True) as conn:
-        key = conn.execute("SELECT pglockkit.lock_key(%s, %s)", (args.namespace, resource)).fetchone()[0]
-    print(key)
+        print(locks.resource_key(conn, args.namespace, resource))
     return 0
 
 
@@ -204,151 +189,27 @@ def cmd_once(args: argparse.Namespace) -> int:
     if args.slot == "":
         args.once_parser.error("--slot must not be empty (leave it out for today's date in UTC)")
     slot = args.slot or runs.today_utc()
-    return _Once(_dsn(args), args.job, slot, args.holder, command).run()
+    return Once(_dsn(args), args.job, slot, args.holder, command).run()
 
 
-# Signals that `once` passes on to its command, as a supervisor must: a deploy or a node drain
-# sends SIGTERM to the wrapper, and the slot must stay taken until the command has exited.
-_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class _Once:
-    """``pglockkit once``: wins the slot, runs the command, holds the slot's lock (its connection)
-    until the command has exited, records the outcome and exits with the command's status."""
-
-    def __init__(self, dsn: str, job: str, slot: str, holder: str | None, command: list[str]):
-        self.dsn, self.job, self.slot, self.holder, self.command = dsn, job, slot, holder, command
-        self.child: subprocess.Popen | None = None
-        self.pending: list[int] = []  # signals received while no command was running yet
-        self.received: list[int] = []  # signals received while it ran, passed on to it
-
-    def on_signal(self, signum: int, _frame) -> None:
-        # Runs in the main thread, between two bytecodes of run() (also while it waits).
-        child = self.child
-        if child is None:
-            self.pending.append(signum)
-        elif child.returncode is None:
-            self.received.append(signum)
-            if not (signum == signal.SIGINT and _in_terminal_foreground(child.pid)):
-                child.send_signal(signum)  # a no-op once the child is reaped
-
-    def run(self) -> int:
-        conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit run {self.job}")
-        with conn:
-            run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
-            if run_id is None:
-                _calls.run_event("skipped", self.job, self.slot, None)
-                print(
-                    f"pglockkit once: {self.job}/{self.slot} already ran or is running elsewhere; skipped",
-                    file=sys.stderr,
-                )
-                return 0
-            _calls.run_event("started", self.job, self.slot, run_id)
-            previous = {s: signal.signal(s, self.on_signal) for s in _FORWARDED}
-            try:
-                if self.pending:
-                    # Stopped before the command started: leave the run to the next pod. Closing the
-                    # connection frees the slot; the run shows as abandoned and is taken over.
-                    return 128 + self.pending[0]
-                code, detail = self.supervise()
-                ok = code == 0
-                if self.received:
-                    names = ", ".join(sorted({signal.Signals(s).name for s in self.received}))
-                    detail = f"{detail + '; ' if detail else ''}pglockkit once received {names}"
-                runs.finish_run(conn, run_id, ok, detail)
-                _calls.run_event("succeeded" if ok else "failed", self.job, self.slot, run_id)
-                return code
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-
-    def supervise(self) -> tuple[int, str | None]:
-        """Run the command to its end; its exit status as a shell reports it, and a detail."""
-        try:
-            self.child = subprocess.Popen(self.command, preexec_fn=_die_with_parent())
-        except OSError as exc:
-            print(f"pglockkit once: cannot run {self.command[0]!r}: {exc.strerror}", file=sys.stderr)
-            # As a shell reports it: 127 not found, 126 found but not executable.
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            return code, f"cannot run {self.command[0]!r}: {exc.strerror} (exit status {code})"
-        for signum in self.pending:  # arrived while the command was being started
-            self.received.append(signum)
-            self.child.send_signal(signum)
-        self.pending.clear()
-        status = self.child.wait()
-        if status < 0:
-            name = signal.Signals(-status).name
-            return 128 - status, f"killed by {name} (exit status {128 - status})"
-        return status, None if status == 0 else f"exit status {status}"
-
-
-def _in_terminal_foreground(pid: int) -> bool:
-    """Whether ``pid`` is in the foreground process group of this process's terminal. Then Ctrl-C's
-    SIGINT, which the terminal sends to that whole group, reached it already."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return False  # no controlling terminal (cron, a container): the signal came from kill
-    try:
-        return os.tcgetpgrp(fd) == os.getpgid(pid)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _die_with_parent():
-    """On Linux, a ``preexec_fn`` that makes the kernel SIGKILL the command if the wrapper dies
-    (PR_SET_PDEATHSIG), so that a SIGKILLed wrapper, whose lock the server then frees, does not
-    leave its command running. None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # fails only for a bad signal number
-        if os.getppid() != parent:  # the wrapper died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _print_rows(conn, query: str, params: tuple = ()) -> None:
-    cur = conn.execute(query, params)
-    names = [d.name for d in cur.description]
-    rows = [[("" if v is None else str(v)) for v in row] for row in cur.fetchall()]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
-    for r in rows:
+def _print_table(columns: tuple[str, ...], rows: list[dict]) -> None:
+    """Aligned columns under a header; NULL prints as nothing."""
+    cells = [[("" if r[c] is None else str(r[c])) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for r in cells:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT name, holder, token, live, date_trunc('milliseconds', expires_in) AS expires_in, "
-            "session_bound FROM pglockkit.lease_status ORDER BY name",
-        )
+        _print_table(_calls.LEASE_COLUMNS, leases.leases(conn))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT id, job, slot, holder, status, attempt, date_trunc('seconds', started_at) AS started_at, "
-            "date_trunc('milliseconds', duration) AS duration, detail FROM pglockkit.run_history "
-            "WHERE %s::text IS NULL OR job = %s ORDER BY started_at DESC LIMIT %s",
-            (args.job, args.job, args.limit),
-        )
+        _print_table(_calls.RUN_COLUMNS, runs.runs(conn, args.job, args.limit))
     return 0
 
 
@@ -402,15 +263,7 @@ def cmd_work(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        _print_rows(
-            conn,
-            "SELECT id, status, priority, attempt || '/' || max_attempts AS attempts, "
-            # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
-            "date_trunc('seconds', run_at)::text AS run_at, worker, left(payload::text, 40) AS payload, "
-            "left(last_error, 40) AS last_error FROM pglockkit.jobs "
-            "WHERE queue = %s AND (%s::text IS NULL OR status = %s) ORDER BY id DESC LIMIT %s",
-            (args.queue, args.status, args.status, args.limit),
-        )
+        _print_table(_calls.JOB_LIST_COLUMNS, queue.jobs(conn, args.queue, args.status, args.limit))
     return 0
 
 
@@ -444,7 +297,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             while args.count is None or taken < args.count:
                 if taken:
                     time.sleep(args.every.total_seconds())
-                rows = conn.execute("SELECT pglockkit.sample(%s)", (args.retention,)).fetchone()[0]
+                rows = monitor.sample(conn, args.retention)
                 taken += 1
                 print(f"sample {taken}: {rows} lock key(s) recorded", file=sys.stderr)
         except KeyboardInterrupt:
@@ -453,6 +306,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from pglockkit import demo  # only here: the demo is not part of any other command
+
     if args.steps and max(args.steps) > args.agents:
         args.demo_parser.error(f"--steps {max(args.steps)} is more than --agents {args.agents}")
     if args.dsn:
@@ -461,6 +316,83 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = embedded.start(args.data)
     install(dsn)
     return demo.main(args, dsn, "embedded, `pglockkit up`")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _agent_counts(text: str) -> list[int]:
+    """'1,2,4,8,16' -> [1, 2, 4, 8, 16]; every count at least 1."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated agent counts, got {text!r}")
+    return sorted({_positive_int(p) for p in parts})
+
+
+def _plot_path(text: str) -> Path:
+    """--plot FILE.png: fails at once, before any work, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            "--plot needs matplotlib, which is not installed: pip install 'pglockkit[plot]'"
+        ) from None
+    return Path(text)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``pglockkit demo``."""
+    parser.add_argument(
+        "--dsn", help="run on this database (pglockkit installed) instead of the embedded server"
+    )
+    parser.add_argument(
+        "--data", metavar="DIR", help="the embedded server's data directory (default: the user data dir)"
+    )
+    parser.add_argument(
+        "--agents", type=_positive_int, default=16, metavar="N", help="swarm size (default %(default)s)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=_agent_counts,
+        metavar="N,N,...",
+        help="agent counts to sweep, each at most --agents (default 1,2,4,... up to --agents); "
+        "1 is always measured: it is the baseline of the parallelism",
+    )
+    parser.add_argument(
+        "--seconds", type=_positive_float, default=3.0, help="length of each step (default %(default)g)"
+    )
+    parser.add_argument(
+        "--work-ms",
+        type=_positive_float,
+        default=50.0,
+        metavar="MS",
+        help="simulated work per unit, a sleep (default %(default)g)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=_positive_int,
+        default=64,
+        help="tenants of the sharded design (default %(default)s)",
+    )
+    parser.add_argument("--plot", type=_plot_path, metavar="FILE.png", help="draw jobs/s against agents")
+    parser.add_argument("--json", metavar="FILE", help="also write every measurement as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -695,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded server (started if needed) unless --dsn is given; works in schema pglockkit_demo, "
         "dropped at start and end.",
     )
-    demo.add_arguments(p)
+    _demo_arguments(p)
     p.set_defaults(demo_parser=p)
     return parser
 

@@ -65,6 +65,13 @@ def prune_leases(conn: psycopg.Connection, older_than: float | timedelta) -> int
     return _calls.run(conn, _calls.prune_leases(older_than))
 
 
+def leases(conn: psycopg.Connection) -> list[dict]:
+    """Every lease, by name, as ``pglockkit.lease_status`` shows it: a dict per lease with
+    ``name, holder, token, live, expires_in`` (a timedelta to the millisecond, negative once
+    expired) and ``session_bound``. What ``pglockkit leases`` prints."""
+    return _calls.run(conn, _calls.leases())
+
+
 class _LeaseState:
     """What ``Lease`` and ``pglockkit.aio.Lease`` share: settings, token, and how a loss is
     recorded. ``lost`` is an event of ``_event_type`` (threading or asyncio)."""

@@ -37,6 +37,13 @@ def namespaces(conn: psycopg.Connection) -> list[dict]:
     return _calls.run(conn, _calls.namespaces())
 
 
+def resource_key(conn: psycopg.Connection, ns: str, resource: str | int) -> int:
+    """The advisory-lock key of ``resource`` in namespace ``ns`` (by name), as the server computes
+    it with ``pglockkit.lock_key``; raises ``UnknownNamespace`` for an unregistered name. (Offline,
+    from the namespace id: ``pglockkit.keys.lock_key``.)"""
+    return _calls.run(conn, _calls.resource_key(ns, resource))
+
+
 def try_xact_lock(conn: psycopg.Connection, ns: str, resource: str | int) -> bool:
     """Take a transaction-level lock if free; False at once otherwise.
 

@@ -17,6 +17,8 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
+from pglockkit import _format as fmt
+
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -36,83 +38,114 @@ def _rows(conn: psycopg.Connection, sql: str, params: tuple = ()) -> list[dict]:
         return cur.execute(sql, params).fetchall()
 
 
-def _fmt_age(value: timedelta | None) -> str:
-    if value is None:
-        return "-"
-    seconds = value.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
 def doctor(
     conn: psycopg.Connection,
     *,
     idle_after: timedelta = timedelta(seconds=30),
     lag_after: timedelta = timedelta(minutes=5),
 ) -> list[Finding]:
-    """Check a database for lock, queue and pooler hazards; returns findings, most severe first."""
-    findings: list[Finding] = []
+    """Check a database for lock, queue and pooler hazards; returns findings, most severe first.
 
-    for r in _rows(
-        conn,
-        "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for "
-        "FROM pglockkit.idle_lock_holders WHERE idle_for >= %s ORDER BY idle_for DESC",
-        (idle_after,),
-    ):
+    Reads the views once, then runs the checks below in this order, each on the rows it needs."""
+    findings = [
+        *check_idle_lock_holders(_rows(conn, IDLE_LOCK_HOLDERS), idle_after),
+        *check_unregistered_keys(_rows(conn, UNREGISTERED_KEYS)),
+        *check_lock_table_headroom(_rows(conn, LOCK_TABLE)[0]),
+        *check_queues(_rows(conn, QUEUES), lag_after),
+        *check_expired_leases(_rows(conn, EXPIRED_LEASES)),
+        *check_xmin_horizon(_rows(conn, XMIN_HORIZON), lag_after),
+        *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), conn.info.dbname),
+        *check_pooler(pooler_evidence(conn)),
+    ]
+    return sorted(findings, key=lambda f: -f.rank())
+
+
+# --- what the checks read -------------------------------------------------------------------
+
+IDLE_LOCK_HOLDERS = (
+    "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for "
+    "FROM pglockkit.idle_lock_holders ORDER BY idle_for DESC"
+)
+UNREGISTERED_KEYS = (
+    "SELECT count(*) AS n, array_agg(DISTINCT pid) AS pids FROM pglockkit.advisory_locks "
+    "WHERE namespace = 'unregistered' HAVING count(*) > 0"
+)
+LOCK_TABLE = """
+SELECT (SELECT count(*) FROM pg_locks) AS used,
+       current_setting('max_locks_per_transaction')::int
+         * (current_setting('max_connections')::int
+            + current_setting('max_prepared_transactions')::int)
+         AS capacity"""
+QUEUES = "SELECT queue, dead, expired_leases, oldest_ready_age FROM pglockkit.queue_stats ORDER BY queue"
+EXPIRED_LEASES = (
+    "SELECT name, holder, token, -expires_in AS expired_for FROM pglockkit.lease_status "
+    "WHERE released_at IS NULL AND NOT live ORDER BY name"
+)
+XMIN_HORIZON = (
+    "SELECT kind, holder, application_name, state, xmin_age, xact_age FROM pglockkit.xmin_horizon "
+    "ORDER BY xmin_age DESC"
+)
+
+
+# --- the checks: rows in, findings out ------------------------------------------------------
+
+
+def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Finding]:
+    """Sessions holding an advisory lock while idle at least ``idle_after`` (rows of
+    ``pglockkit.idle_lock_holders``)."""
+    findings = []
+    for r in rows:
+        if r["idle_for"] is None or r["idle_for"] < idle_after:
+            continue
         key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
         findings.append(
             Finding(
                 "warning",
                 "idle lock holder",
                 f"pid {r['pid']} ({r['application_name'] or '?'}) holds advisory lock {r['namespace']}/{key} "
-                f"while {r['state']} for {_fmt_age(r['idle_for'])}: "
+                f"while {r['state']} for {fmt.age(r['idle_for'])}: "
                 "a session lock left on a pooled connection?",
                 "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
                 f"end the session: SELECT pg_terminate_backend({r['pid']});",
             )
         )
+    return findings
 
-    for r in _rows(
-        conn,
-        "SELECT count(*) AS n, array_agg(DISTINCT pid) AS pids FROM pglockkit.advisory_locks "
-        "WHERE namespace = 'unregistered' HAVING count(*) > 0",
-    ):
-        findings.append(
-            Finding(
-                "warning",
-                "unregistered advisory keys",
-                f"{r['n']} advisory lock(s) with keys outside any registered namespace (pids {r['pids']})",
-                "Take locks through pglockkit.lock_key(namespace, resource), after register_namespace, "
-                "so that every key has an owner and a name.",
-            )
+
+def check_unregistered_keys(rows: list[dict]) -> list[Finding]:
+    """Advisory locks whose keys belong to no registered namespace (``n`` and ``pids``)."""
+    return [
+        Finding(
+            "warning",
+            "unregistered advisory keys",
+            f"{r['n']} advisory lock(s) with keys outside any registered namespace (pids {r['pids']})",
+            "Take locks through pglockkit.lock_key(namespace, resource), after register_namespace, "
+            "so that every key has an owner and a name.",
         )
+        for r in rows
+        if r["n"]
+    ]
 
-    row = _rows(
-        conn,
-        """
-        SELECT (SELECT count(*) FROM pg_locks) AS used,
-               current_setting('max_locks_per_transaction')::int
-                 * (current_setting('max_connections')::int
-                    + current_setting('max_prepared_transactions')::int)
-                 AS capacity""",
-    )[0]
-    if row["used"] > row["capacity"] / 2:
-        findings.append(
-            Finding(
-                "warning",
-                "lock table headroom",
-                f"{row['used']} locks in use of about {row['capacity']} slots in the shared lock table",
-                "Raise max_locks_per_transaction, or take fewer locks per transaction "
-                "(xact_lock_all batches).",
-            )
+
+def check_lock_table_headroom(row: dict) -> list[Finding]:
+    """More than half of the shared lock table in use (``used`` of about ``capacity`` slots)."""
+    if row["used"] <= row["capacity"] / 2:
+        return []
+    return [
+        Finding(
+            "warning",
+            "lock table headroom",
+            f"{row['used']} locks in use of about {row['capacity']} slots in the shared lock table",
+            "Raise max_locks_per_transaction, or take fewer locks per transaction (xact_lock_all batches).",
         )
+    ]
 
-    for r in _rows(
-        conn, "SELECT queue, dead, expired_leases, oldest_ready_age FROM pglockkit.queue_stats ORDER BY queue"
-    ):
+
+def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
+    """Per queue (rows of ``pglockkit.queue_stats``): dead jobs, a ready job waiting at least
+    ``lag_after``, running jobs past their lease."""
+    findings = []
+    for r in rows:
         if r["dead"]:
             findings.append(
                 Finding(
@@ -128,7 +161,7 @@ def doctor(
                 Finding(
                     "warning",
                     "queue lag",
-                    f"queue {r['queue']}: the oldest ready job has waited {_fmt_age(r['oldest_ready_age'])}",
+                    f"queue {r['queue']}: the oldest ready job has waited {fmt.age(r['oldest_ready_age'])}",
                     "Add workers, or look for workers stuck behind a lock (pglockkit.lock_waits).",
                 )
             )
@@ -142,60 +175,61 @@ def doctor(
                     "They are reclaimed by the next claim_job; if they pile up, no worker is claiming.",
                 )
             )
+    return findings
 
-    for r in _rows(
-        conn,
-        "SELECT name, holder, token, -expires_in AS expired_for FROM pglockkit.lease_status "
-        "WHERE released_at IS NULL AND NOT live ORDER BY name",
-    ):
-        findings.append(
-            Finding(
-                "info",
-                "expired lease",
-                f"lease {r['name']} (holder {r['holder']}, token {r['token']}) "
-                f"expired {_fmt_age(r['expired_for'])} ago",
-                "Its holder stopped renewing; the next acquire_lease takes it with a higher token.",
-            )
+
+def check_expired_leases(rows: list[dict]) -> list[Finding]:
+    """Leases neither live nor released (``name, holder, token, expired_for``)."""
+    return [
+        Finding(
+            "info",
+            "expired lease",
+            f"lease {r['name']} (holder {r['holder']}, token {r['token']}) "
+            f"expired {fmt.age(r['expired_for'])} ago",
+            "Its holder stopped renewing; the next acquire_lease takes it with a higher token.",
         )
+        for r in rows
+    ]
 
-    for r in _rows(
-        conn,
-        "SELECT kind, holder, application_name, state, xmin_age, xact_age FROM pglockkit.xmin_horizon "
-        "WHERE xact_age >= %s OR (kind = 'replication slot' AND state = 'inactive') ORDER BY xmin_age DESC",
-        (lag_after,),
-    ):
-        findings.append(
-            Finding(
-                "warning",
-                "xmin horizon",
-                f"{r['kind']} {r['holder']} ({r['application_name'] or r['state'] or '?'}) holds the xmin "
-                f"horizon back by {r['xmin_age']} transactions"
-                + (f" for {_fmt_age(r['xact_age'])}" if r["xact_age"] is not None else ""),
-                "Vacuum cannot remove the queue's dead rows meanwhile: end that transaction, or drop "
-                "the unused slot (see pglockkit.table_health for the damage).",
-            )
+
+def check_xmin_horizon(rows: list[dict], lag_after: timedelta) -> list[Finding]:
+    """Transactions open at least ``lag_after``, and inactive replication slots, that hold the
+    xmin horizon back (rows of ``pglockkit.xmin_horizon``)."""
+    return [
+        Finding(
+            "warning",
+            "xmin horizon",
+            f"{r['kind']} {r['holder']} ({r['application_name'] or r['state'] or '?'}) holds the xmin "
+            f"horizon back by {r['xmin_age']} transactions"
+            + (f" for {fmt.age(r['xact_age'])}" if r["xact_age"] is not None else ""),
+            "Vacuum cannot remove the queue's dead rows meanwhile: end that transaction, or drop "
+            "the unused slot (see pglockkit.table_health for the damage).",
         )
+        for r in rows
+        if (r["xact_age"] is not None and r["xact_age"] >= lag_after)
+        or (r["kind"] == "replication slot" and r["state"] == "inactive")
+    ]
 
-    for r in _rows(conn, _ROLES_WITHOUT_LOCK_TIMEOUT):
-        findings.append(
-            Finding(
-                "info",
-                "lock_timeout",
-                f"role {r['role']} ({r['why']}) has no lock_timeout in this database: "
-                "a blocked statement of it waits forever",
-                f"ALTER ROLE {r['role']} IN DATABASE {conn.info.dbname} SET lock_timeout = '5s'; "
-                "or set a namespace default (register_namespace(..., lock_timeout => ...)).",
-            )
+
+def check_lock_timeouts(rows: list[dict], dbname: str) -> list[Finding]:
+    """Roles that take waiting locks with no lock_timeout in database ``dbname`` (``role, why``)."""
+    return [
+        Finding(
+            "info",
+            "lock_timeout",
+            f"role {r['role']} ({r['why']}) has no lock_timeout in this database: "
+            "a blocked statement of it waits forever",
+            f"ALTER ROLE {r['role']} IN DATABASE {dbname} SET lock_timeout = '5s'; "
+            "or set a namespace default (register_namespace(..., lock_timeout => ...)).",
         )
-
-    findings.extend(_pooler_check(conn))
-    return sorted(findings, key=lambda f: -f.rank())
+        for r in rows
+    ]
 
 
 # Roles that take waiting locks (members of pglockkit_user, and roles holding or awaiting an advisory
 # lock now) whose effective lock_timeout here is 0. Precedence as at login: the role's setting in
 # this database, the role's own, the database's, then the server's.
-_ROLES_WITHOUT_LOCK_TIMEOUT = """
+ROLES_WITHOUT_LOCK_TIMEOUT = """
 WITH RECURSIVE members AS (
     SELECT m.member FROM pg_catalog.pg_auth_members m
       JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE g.rolname = 'pglockkit_user'
@@ -229,7 +263,19 @@ SELECT r.rolname AS role, r.why
 """
 
 
-def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
+@dataclass(frozen=True)
+class PoolerEvidence:
+    """What ``pooler_evidence`` saw: the pid the connection reported at startup, the server pid
+    of its first transactions, every server pid it ran on (probe included), and whether another
+    client connection got its server session."""
+
+    client_pid: int
+    server_pid: int
+    server_pids: frozenset[int]
+    shared: bool = False
+
+
+def pooler_evidence(conn: psycopg.Connection) -> PoolerEvidence:
     """Behind a transaction-mode pooler, consecutive transactions of one client connection can run
     on different server sessions, and session locks break silently.
 
@@ -244,27 +290,33 @@ def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
         with conn.transaction():
             server_pids.add(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
     client_pid = conn.info.backend_pid
-    if len(server_pids) == 1 and client_pid in server_pids:
-        return []  # a direct connection
     last = next(iter(server_pids))
     shared = False
-    if len(server_pids) == 1:
+    if len(server_pids) == 1 and client_pid != last:
         probe_pid, moved_to = _probe(conn, last)
         shared = probe_pid == last
         if moved_to is not None:
             server_pids.add(moved_to)
-    if shared or len(server_pids) > 1:
+    return PoolerEvidence(client_pid, last, frozenset(server_pids), shared)
+
+
+def check_pooler(seen: PoolerEvidence) -> list[Finding]:
+    """A pooler between the connection and the server: an error if it hands the server session to
+    other clients (transaction mode), else information (session mode)."""
+    if seen.server_pids == {seen.client_pid}:
+        return []  # a direct connection
+    if seen.shared or len(seen.server_pids) > 1:
         evidence = (
-            f"another client connection ran on its server session {last}"
-            if shared
-            else f"it ran on {len(server_pids)} server sessions {sorted(server_pids)}"
+            f"another client connection ran on its server session {seen.server_pid}"
+            if seen.shared
+            else f"it ran on {len(seen.server_pids)} server sessions {sorted(seen.server_pids)}"
         )
         return [
             Finding(
                 "error",
                 "transaction-mode pooler",
                 f"a pooler hands this client connection's server session to others (client-side pid "
-                f"{client_pid}): {evidence}",
+                f"{seen.client_pid}): {evidence}",
                 "Session locks (try_lock, sole_writer, bound leases, start_run) are unsafe here: "
                 "connect them directly to PostgreSQL, or use xact_lock / the queue / leases "
                 "without binding.",
@@ -275,12 +327,17 @@ def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
             "info",
             "connection pooler",
             f"a pooler or proxy sits between this connection and the server (client-side pid "
-            f"{client_pid}, server pid {last}), and kept it on one server session (session pooling?)",
+            f"{seen.client_pid}, server pid {seen.server_pid}), and kept it on one server session "
+            "(session pooling?)",
             "sole_writer refuses pooled connections: give it a DSN that reaches PostgreSQL directly. "
             "Session locks left by a client that disconnects stay on the server session unless the "
             "pooler's server_reset_query (DISCARD ALL) runs.",
         )
     ]
+
+
+def _pooler_check(conn: psycopg.Connection) -> list[Finding]:
+    return check_pooler(pooler_evidence(conn))
 
 
 def _probe(conn: psycopg.Connection, last: int, wait: float = 2.0) -> tuple[int | None, int | None]:
@@ -313,6 +370,12 @@ def _probe(conn: psycopg.Connection, last: int, wait: float = 2.0) -> tuple[int 
                 moved_to = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         probe.execute("ROLLBACK")
         return probe_pid, moved_to
+
+
+def sample(conn: psycopg.Connection, retention: timedelta = timedelta(days=7)) -> int:
+    """Record one contention sample (``pglockkit.sample``), deleting samples older than
+    ``retention``; returns how many lock keys it recorded. What ``pglockkit sample`` runs."""
+    return conn.execute("SELECT pglockkit.sample(%s)", (retention,)).fetchone()[0]
 
 
 def render_findings(findings: list[Finding]) -> str:
@@ -352,7 +415,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         tail = f"{r['application_name'] or ''} {r['query'] or ''}".strip()
         line = (
             f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{r['pid']:>7} {tag:<5}"
-            f"{_cut(r['state'], 10):<11}{_fmt_age(age):>7}  "
+            f"{_cut(r['state'], 10):<11}{fmt.age(age):>7}  "
         )
         out.append(line + _cut(tail, max(10, width - len(line))))
         if not r["granted"] and r["blocked_by"]:
@@ -369,7 +432,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         for w in behind:
             what = w["namespace"] or w["relation"] or w["locktype"]
             out.append(
-                f"  `-- pid {w['pid']} waits {_fmt_age(w['wait_time'])} on {_cut(what, 30)} "
+                f"  `-- pid {w['pid']} waits {fmt.age(w['wait_time'])} on {_cut(what, 30)} "
                 f"(blocked by {', '.join(map(str, w['blocked_by']))})"
             )
     queues = _rows(
@@ -387,7 +450,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     for q in queues:
         out.append(
             f"{_cut(q['queue'], 19):<20}{q['ready']:>7}{q['scheduled']:>7}{q['running']:>6}"
-            f"{q['expired_leases']:>8}{q['dead']:>6}{_fmt_age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
+            f"{q['expired_leases']:>8}{q['dead']:>6}{fmt.age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
         )
     leases = _rows(
         conn, "SELECT name, holder, token, live, expires_in FROM pglockkit.lease_status ORDER BY name"
@@ -402,6 +465,6 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     for lease in leases:
         out.append(
             f"{_cut(lease['name'], 23):<24}{_cut(lease['holder'], 23):<24}{lease['token']:>8}  "
-            f"{'yes' if lease['live'] else 'no':<5}{_fmt_age(lease['expires_in']):>11}"
+            f"{'yes' if lease['live'] else 'no':<5}{fmt.age(lease['expires_in']):>11}"
         )
     return "\n".join(_cut(line, width) if len(line) > width else line for line in out)

@@ -28,6 +28,7 @@ __all__ = [
     "extend",
     "extend_many",
     "fail",
+    "jobs",
     "load_handler",
     "release",
 ]
@@ -117,6 +118,14 @@ def cancel(conn: psycopg.Connection, job_id: int) -> bool:
     """Cancel a queued or running job; False if it had already finished. A running job's worker
     finds its claim stale at its next complete, fail or extend."""
     return _calls.run(conn, _calls.cancel(job_id))
+
+
+def jobs(conn: psycopg.Connection, queue: str, status: str | None = None, limit: int = 50) -> list[dict]:
+    """A queue's jobs for display, newest first (with ``status`` only, if given): a dict per job
+    with ``id, status, priority``, ``attempts`` ('2/5'), ``run_at`` (text, to the second, so
+    that a stored +-infinity reads too), ``worker``, and the first 40 characters of ``payload``
+    (its JSON text) and ``last_error``. What ``pglockkit jobs`` prints."""
+    return _calls.run(conn, _calls.jobs(queue, status, limit))
 
 
 def load_handler(spec: str) -> Callable[..., Any]:

@@ -42,6 +42,13 @@ def prune_runs(conn: psycopg.Connection, older_than: float | timedelta) -> int:
     return _calls.run(conn, _calls.prune_runs(older_than))
 
 
+def runs(conn: psycopg.Connection, job: str | None = None, limit: int = 50) -> list[dict]:
+    """Singleton runs from ``pglockkit.run_history``, newest first (of ``job`` only, if given):
+    a dict per run with ``id, job, slot, holder, status, attempt, started_at`` (to the second),
+    ``duration`` (to the millisecond) and ``detail``. What ``pglockkit runs`` prints."""
+    return _calls.run(conn, _calls.runs(job, limit))
+
+
 @contextmanager
 def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = None) -> Iterator[int | None]:
     """Yield the run id if this process won the slot (default: today in UTC), else None.

@@ -1,0 +1,117 @@
+"""The checks of ``pglockkit doctor``, each alone on rows as the views give them (no server)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pglockkit import monitor
+from pglockkit.monitor import (
+    Finding,
+    PoolerEvidence,
+    check_expired_leases,
+    check_idle_lock_holders,
+    check_lock_table_headroom,
+    check_pooler,
+    check_queues,
+    check_xmin_horizon,
+)
+
+
+def idle(pid: int, seconds: float, key: int | None = 42) -> dict:
+    return {
+        "namespace": "billing",
+        "key": key,
+        "key1": 1,
+        "key2": 2,
+        "pid": pid,
+        "application_name": "",
+        "state": "idle",
+        "idle_for": timedelta(seconds=seconds),
+    }
+
+
+def test_idle_lock_holders_from_the_threshold_on():
+    rows = [idle(7, 120), idle(8, 30), idle(9, 29.9, key=None)]
+    findings = check_idle_lock_holders(rows, timedelta(seconds=30))
+    assert [f.severity for f in findings] == ["warning", "warning"]
+    assert findings[0].message.startswith("pid 7 (?) holds advisory lock billing/42 while idle for 2.0m")
+    assert "pg_terminate_backend(7)" in findings[0].fix
+    assert "pid 8 " in findings[1].message and "for 30.0s" in findings[1].message
+    # A two-int key reads as a pair; a NULL idle time is no finding.
+    [pair] = check_idle_lock_holders([idle(9, 60, key=None)], timedelta(seconds=30))
+    assert "billing/(1, 2) " in pair.message
+    assert check_idle_lock_holders([{**idle(5, 0), "idle_for": None}], timedelta(0)) == []
+
+
+def test_lock_table_headroom_is_a_finding_past_half():
+    assert check_lock_table_headroom({"used": 50, "capacity": 100}) == []
+    [f] = check_lock_table_headroom({"used": 51, "capacity": 100})
+    assert f == Finding(
+        "warning",
+        "lock table headroom",
+        "51 locks in use of about 100 slots in the shared lock table",
+        f.fix,
+    )
+
+
+def test_queues_give_their_findings_queue_by_queue():
+    rows = [
+        {"queue": "a", "dead": 2, "expired_leases": 1, "oldest_ready_age": timedelta(minutes=10)},
+        {"queue": "b", "dead": 0, "expired_leases": 0, "oldest_ready_age": timedelta(minutes=4)},
+        {"queue": "c", "dead": 1, "expired_leases": 0, "oldest_ready_age": None},
+    ]
+    findings = check_queues(rows, timedelta(minutes=5))
+    assert [(f.check, f.message.split(":")[0]) for f in findings] == [
+        ("dead jobs", "queue a"),
+        ("queue lag", "queue a"),
+        ("expired job leases", "queue a"),
+        ("dead jobs", "queue c"),
+    ]
+    assert findings[1].message == "queue a: the oldest ready job has waited 10.0m"
+    assert "retry_dead_jobs('c')" in findings[3].fix
+    assert [f.severity for f in findings] == ["warning", "warning", "info", "warning"]
+
+
+def test_expired_leases_say_how_long_ago():
+    rows = [{"name": "l", "holder": "h", "token": 3, "expired_for": timedelta(hours=2)}]
+    [f] = check_expired_leases(rows)
+    assert (f.severity, f.message) == ("info", "lease l (holder h, token 3) expired 2.0h ago")
+
+
+def test_xmin_horizon_old_transactions_and_inactive_slots():
+    rows = [
+        {"kind": "backend", "holder": "pid 1", "application_name": "etl", "state": "idle in transaction",
+         "xmin_age": 900, "xact_age": timedelta(minutes=6)},
+        {"kind": "backend", "holder": "pid 2", "application_name": None, "state": "active",
+         "xmin_age": 10, "xact_age": timedelta(minutes=1)},
+        {"kind": "replication slot", "holder": "s1", "application_name": None, "state": "inactive",
+         "xmin_age": 50, "xact_age": None},
+    ]  # fmt: skip
+    findings = check_xmin_horizon(rows, timedelta(minutes=5))
+    assert [f.message for f in findings] == [
+        "backend pid 1 (etl) holds the xmin horizon back by 900 transactions for 6.0m",
+        "replication slot s1 (inactive) holds the xmin horizon back by 50 transactions",
+    ]
+
+
+def test_pooler_direct_session_and_transaction_mode():
+    assert check_pooler(PoolerEvidence(10, 10, frozenset({10}))) == []
+    [session] = check_pooler(PoolerEvidence(99, 10, frozenset({10})))
+    assert (session.severity, session.check) == ("info", "connection pooler")
+    assert "client-side pid 99, server pid 10" in session.message
+    [moved] = check_pooler(PoolerEvidence(99, 10, frozenset({10, 11})))
+    assert moved.severity == "error" and moved.message.endswith("it ran on 2 server sessions [10, 11]")
+    [shared] = check_pooler(PoolerEvidence(99, 10, frozenset({10}), shared=True))
+    assert shared.message.endswith("another client connection ran on its server session 10")
+
+
+def test_findings_render_most_severe_first_with_counts():
+    findings = sorted(
+        check_expired_leases([{"name": "l", "holder": "h", "token": 1, "expired_for": timedelta(seconds=3)}])
+        + check_pooler(PoolerEvidence(99, 10, frozenset({10, 11}))),
+        key=lambda f: -f.rank(),
+    )
+    text = monitor.render_findings(findings)
+    assert text.splitlines()[0].startswith("[ERROR] transaction-mode pooler: ")
+    assert text.splitlines()[-1] == "1 info, 1 error"
+    assert monitor.render_findings([]) == "pglockkit doctor: no findings"
