@@ -8,6 +8,17 @@ its tests: no version is ever skipped silently. As root (CI), the servers run as
 OS user through ``pg_ctl_unprivileged.py``.
 
 Each server's template database has pglockkit installed once; every test gets a fresh copy.
+
+The tests come in three layers, one folder each, marked by the folder they are in:
+
+- ``tests/unit`` (marker ``unit``): no server at all; ``python3 -m pytest tests/unit`` starts none;
+- ``tests/sql``: a database per test (``db``, ``server``, ``empty_db``), on both servers;
+- ``tests/system`` (marker ``system``): real peers and whole programs (PgBouncer, postgres_exporter,
+  promtool, Node.js, iptables, the embedded server, the demo, the benchmarks, ``pglockkit once``).
+
+``python3 -m pytest -m "not system"`` is the quick loop. The servers start only when a test asks for
+one. Helpers shared by the layers stay here in ``tests/`` (importable: ``pythonpath`` in
+pyproject.toml): ``scenarios.py``, ``queue_handlers.py``, ``pg_ctl_unprivileged.py``, ``vectors/``.
 """
 
 from __future__ import annotations
@@ -32,6 +43,14 @@ from pglockkit import embedded
 HERE = Path(__file__).resolve().parent
 SERVERS = ("pg15", "pg18")
 SERVER_OPTIONS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by its layer: ``unit`` under tests/unit, ``system`` under tests/system."""
+    for item in items:
+        parts = item.path.parts[len(HERE.parts) :] if item.path.is_relative_to(HERE) else ()
+        if len(parts) > 1 and parts[0] in ("unit", "system"):
+            item.add_marker(parts[0])
 
 
 def _bindir(name: str) -> Path:
@@ -149,3 +168,58 @@ def db(server: Server, request: pytest.FixtureRequest) -> Iterator[Db]:
 def empty_db(server: Server) -> str:
     """The DSN of a new database on the server without pglockkit."""
     return server.dsn(server.create_database())
+
+
+# --- fixtures shared by the test files ---------------------------------------------------------
+
+
+@pytest.fixture
+def ns(db: Db) -> str:
+    """A registered namespace, ``graphs``."""
+    db.conn.execute("SELECT pglockkit.register_namespace('graphs')")
+    return "graphs"
+
+
+def _count_advisory_locks(
+    conn: psycopg.Connection, pid: int | None = None, *, granted_only: bool = False
+) -> int:
+    sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    params: tuple = ()
+    if pid is not None:
+        sql += " AND pid = %s"
+        params = (pid,)
+    if granted_only:
+        sql += " AND granted"
+    return conn.execute(sql, params).fetchone()[0]
+
+
+@pytest.fixture
+def advisory_locks():
+    """A function ``(conn, pid=None, *, granted_only=False) -> int``: the advisory locks in
+    ``pg_locks`` as ``conn`` sees them (the whole server's), of one backend if ``pid`` is given,
+    only the granted ones if ``granted_only``."""
+    return _count_advisory_locks
+
+
+@pytest.fixture
+def as_role(server: Server, db: Db, request: pytest.FixtureRequest):
+    """Login roles from the test module's ``ROLES`` (role name -> the group role it is in);
+    returns a function that opens an autocommit connection to ``db`` as one of them."""
+    roles: dict[str, str] = request.module.ROLES
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role, group in roles.items():
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+    opened = []
+
+    def connect(role: str) -> psycopg.Connection:
+        conn = psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True)
+        opened.append(conn)
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        for role in roles:
+            admin.execute(f"DROP ROLE {role}")

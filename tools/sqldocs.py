@@ -1,7 +1,7 @@
 """Write docs/sql.md, the SQL reference, from the catalog: every public function and view of
 schema ``pglockkit`` with its signature and its ``COMMENT``, grouped by the domain file under
 ``sql/schema/`` that defines it. The catalog is the source, so the page cannot drift from the code;
-``--check`` (and tests/test_docs.py) fails when the page is stale.
+``--check`` (and tests/sql/test_sqldocs.py) fails when the page is stale.
 
     python3 tools/sqldocs.py [--dsn DSN] [--check]
 

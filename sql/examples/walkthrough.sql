@@ -5,7 +5,7 @@
 -- Run it in a scratch database with pglockkit installed (`pglockkit install`, or
 -- `psql -f sql/pglockkit.sql`): it registers the namespaces graphs and billing, and leaves a queue
 -- `emails` and a lease `nightly-refresh` behind. Or paste it piece by piece into psql.
--- sql/examples/walkthrough.out is its expected output (tests/test_psql_walkthrough.py checks it on
+-- sql/examples/walkthrough.out is its expected output (tests/sql/test_psql_walkthrough.py checks it on
 -- PostgreSQL 15 and 18). The output is deterministic: fencing tokens and job ids, which differ from
 -- database to database, are kept in psql variables (\gset) and compared, never printed.
 

@@ -1,4 +1,5 @@
-"""The lock-key test vectors (tests/vectors/lock_keys.json) hold for Python and for SQL on every server.
+"""The lock-key test vectors (tests/vectors/lock_keys.json) hold for Python (for SQL on every server:
+tests/sql/test_sql_keys.py).
 
 The vectors were generated once from SQL ``pglockkit.lock_key`` by tests/vectors/generate.py; a
 client in any language checks itself against the same file (tests/node/client_test.mjs does).
@@ -10,11 +11,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import psycopg
-
 from pglockkit import lock_key, namespace_id
 
-VECTORS_DIR = Path(__file__).resolve().parent / "vectors"
+VECTORS_DIR = Path(__file__).resolve().parents[1] / "vectors"
 FILE = VECTORS_DIR / "lock_keys.json"
 
 
@@ -83,29 +82,6 @@ def test_python_keys_match_vectors():
             got = "22003"  # what SQL raises for an out-of-range integer resource
         if got != row.get("key", row.get("error")):
             failures.append(f"{_label(row)}: python {got}, file {row.get('key', row.get('error'))}")
-    assert not failures, "\n".join(failures)
-
-
-def test_sql_keys_match_vectors(db):
-    failures = []
-    namespaces = {(r["namespace"], r["namespace_id"], r["derived_id"]) for r in VECTORS}
-    for name, nid, derived in sorted(namespaces):
-        got_id = db.conn.execute(
-            "SELECT pglockkit.register_namespace(%s, %s)", (name, None if derived else nid)
-        ).fetchone()[0]
-        assert got_id == nid, f"register_namespace({name!r}) gave id {got_id}, the file says {nid}"
-    for row in VECTORS:
-        cast = "text" if row["resource_type"] == "text" else "bigint"
-        try:
-            got = str(
-                db.conn.execute(
-                    f"SELECT pglockkit.lock_key(%s, %s::{cast})", (row["namespace"], _resource(row))
-                ).fetchone()[0]
-            )
-        except psycopg.Error as exc:
-            got = exc.sqlstate
-        if got != row.get("key", row.get("error")):
-            failures.append(f"{_label(row)}: SQL {got}, file {row.get('key', row.get('error'))}")
     assert not failures, "\n".join(failures)
 
 

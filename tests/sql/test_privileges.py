@@ -10,30 +10,8 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 from scenarios import cli
 
+# The login roles the shared as_role fixture (tests/conftest.py) creates: name -> group role.
 ROLES = {"worker_a": "pglockkit_user", "worker_b": "pglockkit_user", "ops": "pglockkit_admin"}
-
-
-@pytest.fixture
-def as_role(server, db):
-    """Login roles: two workers (pglockkit_user) and an operator (pglockkit_admin); returns a
-    function that opens an autocommit connection as one of them."""
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role, group in ROLES.items():
-            admin.execute(f"DROP ROLE IF EXISTS {role}")
-            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
-    opened = []
-
-    def connect(role: str) -> psycopg.Connection:
-        conn = psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True)
-        opened.append(conn)
-        return conn
-
-    yield connect
-    for conn in opened:
-        conn.close()
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role in ROLES:
-            admin.execute(f"DROP ROLE {role}")
 
 
 def test_install_creates_the_admin_role_inside_the_user_role(db):

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 SCRIPT = NODE_DIR / "client_test.mjs"
 
 MARKERS = [

@@ -231,12 +231,6 @@ def test_rebinding_a_lease_in_the_same_session_takes_its_key_once(db):
         assert b.execute("SELECT pglockkit.acquire_lease('bl', 'b', '1 hour', true)").fetchone()[0] == 3
 
 
-def _advisory_locks_of(conn, pid: int) -> int:
-    return conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND granted", (pid,)
-    ).fetchone()[0]
-
-
 def _stale_holder_is_fenced(conn, name: str, holder: str, token: int) -> None:
     assert not renew_lease(conn, name, holder, token, 10)
     assert not release_lease(conn, name, holder, token)
@@ -245,7 +239,7 @@ def _stale_holder_is_fenced(conn, name: str, holder: str, token: int) -> None:
     assert err.value.sqlstate == "PK001"
 
 
-def test_an_expired_bound_lease_is_taken_over_by_a_bound_acquirer_while_its_holder_lives(db):
+def test_an_expired_bound_lease_is_taken_over_by_a_bound_acquirer_while_its_holder_lives(db, advisory_locks):
     """Issue 13 item 4: the holder stays connected past its ttl (a GC pause). Its expired lease is
     free for a bound acquirer at once, with a larger token; the stale holder is fenced; and the
     new holder's lease is still freed the moment its own backend dies."""
@@ -264,12 +258,14 @@ def test_an_expired_bound_lease_is_taken_over_by_a_bound_acquirer_while_its_hold
             time.sleep(0.01)
         assert tc > tb
         _stale_holder_is_fenced(a, "gc", "a", ta)
-        assert _advisory_locks_of(db.conn, a.info.backend_pid) == 0, "the stale holder kept its key"
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0, (
+            "the stale holder kept its key"
+        )
         with c.transaction():
             check_fence(c, "gc", tc)
 
 
-def test_an_expired_bound_lease_is_taken_over_unbound_and_then_bound(db):
+def test_an_expired_bound_lease_is_taken_over_unbound_and_then_bound(db, advisory_locks):
     with db.connect() as a, db.connect() as b, db.connect() as c:
         ta = acquire_lease(a, "gc2", "a", timedelta(milliseconds=200), bind_session=True)
         time.sleep(0.25)
@@ -280,10 +276,10 @@ def test_an_expired_bound_lease_is_taken_over_unbound_and_then_bound(db):
         tc = acquire_lease(c, "gc2", "c", 60, bind_session=True)
         assert tc is not None and tc > tb
         _stale_holder_is_fenced(a, "gc2", "a", ta)
-        assert _advisory_locks_of(db.conn, a.info.backend_pid) == 0
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0
 
 
-def test_a_rolled_back_bound_acquire_blocks_no_one(db):
+def test_a_rolled_back_bound_acquire_blocks_no_one(db, advisory_locks):
     with db.connect() as r, db.connect() as c:
         r.execute("BEGIN")
         assert acquire_lease(r, "rb", "r", 60, bind_session=True) is not None
@@ -297,36 +293,40 @@ def test_a_rolled_back_bound_acquire_blocks_no_one(db):
         tr = acquire_lease(r, "rb", "r", 60, bind_session=True)
         assert tr is not None and tr > tc
         assert release_lease(r, "rb", "r", tr)
-        assert _advisory_locks_of(db.conn, r.info.backend_pid) == 0
+        assert advisory_locks(db.conn, r.info.backend_pid, granted_only=True) == 0
 
 
-def test_python_lease_lets_go_of_its_session_key_once_lost(db):
+def test_python_lease_lets_go_of_its_session_key_once_lost(db, advisory_locks):
     with Lease(db.dsn, "paused", ttl=0.2, holder="me", bind_session=True, renew_every=0.6) as lease:
         pid = lease._conn.info.backend_pid
-        assert _advisory_locks_of(db.conn, pid) == 1
+        assert advisory_locks(db.conn, pid, granted_only=True) == 1
         time.sleep(0.3)  # renewing less often than the ttl: a stalled process
         with db.connect() as rival:
             token = acquire_lease(rival, "paused", "rival", 60, bind_session=True)
             assert token is not None and token > lease.token
             assert lease.lost.wait(2)
             assert "changed hands" in lease.lost_reason
-            assert _advisory_locks_of(db.conn, pid) == 0, "the lost lease's session key is still held"
+            assert advisory_locks(db.conn, pid, granted_only=True) == 0, (
+                "the lost lease's session key is still held"
+            )
             assert release_lease(rival, "paused", "rival", token)
 
 
-def test_async_lease_lets_go_of_its_session_key_once_lost(db):
+def test_async_lease_lets_go_of_its_session_key_once_lost(db, advisory_locks):
     async def main():
         async with aio.Lease(
             db.dsn, "apaused", ttl=0.2, holder="me", bind_session=True, renew_every=0.6
         ) as lease:
             pid = lease._conn.info.backend_pid
-            assert _advisory_locks_of(db.conn, pid) == 1
+            assert advisory_locks(db.conn, pid, granted_only=True) == 1
             await asyncio.sleep(0.3)
             with db.connect() as rival:
                 token = acquire_lease(rival, "apaused", "rival", 60, bind_session=True)
                 assert token is not None and token > lease.token
             await asyncio.wait_for(lease.lost.wait(), 2)
-            assert _advisory_locks_of(db.conn, pid) == 0, "the lost lease's session key is still held"
+            assert advisory_locks(db.conn, pid, granted_only=True) == 0, (
+                "the lost lease's session key is still held"
+            )
 
     asyncio.run(main())
 

@@ -1,5 +1,5 @@
 """sql/prometheus_alerts.yaml: the rules load in Prometheus's own checker, fire (and stay quiet)
-as tests/prometheus_alerts_test.yaml expects under ``promtool test rules`` (Debian's
+as tests/system/prometheus_alerts_test.yaml expects under ``promtool test rules`` (Debian's
 ``prometheus`` package), and read only metrics and labels that sql/postgres_exporter.yaml
 exports."""
 
@@ -10,9 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "sql" / "prometheus_alerts.yaml"
-RULE_TESTS = ROOT / "tests" / "prometheus_alerts_test.yaml"
+RULE_TESTS = ROOT / "tests" / "system" / "prometheus_alerts_test.yaml"
 EXPORTER = ROOT / "sql" / "postgres_exporter.yaml"
 
 
@@ -92,7 +92,7 @@ def test_promtool_fails_a_rule_that_would_fire_too_early(tmp_path):
     """The unit tests can fail: with PglockkitLockWaiters firing at once, the case where reports'
     waiters come and go (and the 5-minute case of billing) must break."""
     (tmp_path / "sql").mkdir()
-    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "system").mkdir(parents=True)
     rules = RULES.read_text()
     eager = rules.replace(
         "expr: pglockkit_namespace_waiters > 0\n        for: 5m",
@@ -100,9 +100,9 @@ def test_promtool_fails_a_rule_that_would_fire_too_early(tmp_path):
     )
     assert eager != rules
     (tmp_path / "sql" / RULES.name).write_text(eager)
-    (tmp_path / "tests" / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    (tmp_path / RULE_TESTS.relative_to(ROOT)).write_text(RULE_TESTS.read_text())
     out = subprocess.run(
-        [_promtool(), "test", "rules", str(tmp_path / "tests" / RULE_TESTS.name)],
+        [_promtool(), "test", "rules", str(tmp_path / RULE_TESTS.relative_to(ROOT))],
         capture_output=True,
         text=True,
         timeout=120,

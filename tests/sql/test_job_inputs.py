@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 from psycopg import errors
-from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from scenarios import cli
 
@@ -247,28 +246,8 @@ def test_a_compressed_payload_is_measured_uncompressed(db):
     assert _count(db.conn) == 0
 
 
+# The login roles the shared as_role fixture (tests/conftest.py) creates: name -> group role.
 ROLES = {"jobs_producer": "pglockkit_user", "jobs_ops": "pglockkit_admin"}
-
-
-@pytest.fixture
-def as_role(server, db):
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role, group in ROLES.items():
-            admin.execute(f"DROP ROLE IF EXISTS {role}")
-            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
-    opened = []
-
-    def connect(role: str) -> psycopg.Connection:
-        conn = psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True)
-        opened.append(conn)
-        return conn
-
-    yield connect
-    for conn in opened:
-        conn.close()
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role in ROLES:
-            admin.execute(f"DROP ROLE {role}")
 
 
 def test_only_the_admin_role_sets_the_payload_limit(db, as_role):

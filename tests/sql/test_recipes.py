@@ -30,7 +30,7 @@ import pytest
 
 import pglockkit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):

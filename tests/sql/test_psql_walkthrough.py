@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "sql/examples/walkthrough.sql"  # relative: psql prints it in error lines
 EXPECTED = ROOT / "sql" / "examples" / "walkthrough.out"
 

@@ -15,12 +15,6 @@ from scenarios import cli
 from pglockkit import lock_key, namespace_id
 
 
-@pytest.fixture
-def ns(db):
-    db.conn.execute("SELECT pglockkit.register_namespace('graphs')")
-    return "graphs"
-
-
 def _wait_until(predicate, timeout=5.0):
     deadline = time.monotonic() + timeout
     while not predicate():

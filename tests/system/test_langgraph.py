@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph_replicas.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "langgraph_replicas.py"
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +42,11 @@ def _runs(db) -> list[tuple[str, str]]:
     return db.conn.execute("SELECT graph, replica FROM graph_runs ORDER BY id").fetchall()
 
 
-def _advisory_locks(db) -> int:
-    return db.conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_two_replicas_one_runs_one_skips_and_a_failing_graph_releases(db, example, tmp_path, mode):
+def test_two_replicas_one_runs_one_skips_and_a_failing_graph_releases(
+    db, example, tmp_path, mode, advisory_locks
+):
     example.setup(db.dsn)
     flags = ["--async"] if mode == "async" else []
     start = tmp_path / "start"
@@ -89,14 +87,14 @@ def test_two_replicas_one_runs_one_skips_and_a_failing_graph_releases(db, exampl
         tick("replica-a", feed_down=True)
         == "replica-a: restock_plan failed with RuntimeError; lock still released"
     )
-    assert _advisory_locks(db) == 0
+    assert advisory_locks(db.conn) == 0
     # ... so a third invocation acquires it and runs the graph.
     assert tick("replica-b").startswith("replica-b: ran restock_plan")
     assert [r for r in _runs(db) if r[0] == "restock_plan"] == [
         ("restock_plan", ran[0]),
         ("restock_plan", "replica-b"),
     ]
-    assert _advisory_locks(db) == 0
+    assert advisory_locks(db.conn) == 0
 
 
 def test_a_replica_skips_while_another_holds_the_graph_in_process(db, example):

@@ -180,22 +180,16 @@ def test_once_with_a_missing_command_exits_127_and_records_failure(db):
     assert _history(db.conn, "typo") == [("s", "failed", 1)]
 
 
-def _session_advisory_locks(conn) -> int:
-    return conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
-    ).fetchone()[0]
-
-
-def test_start_run_twice_in_a_session_runs_once_and_leaks_no_lock(db):
+def test_start_run_twice_in_a_session_runs_once_and_leaks_no_lock(db, advisory_locks):
     with db.connect() as conn:
         run = conn.execute("SELECT pglockkit.start_run('twice', 's1', 'a')").fetchone()[0]
         assert run is not None
         assert conn.execute("SELECT pglockkit.start_run('twice', 's1', 'a')").fetchone()[0] is None
         assert conn.execute("SELECT pglockkit.finish_run(%s, true)", (run,)).fetchone()[0] is True
-        assert _session_advisory_locks(conn) == 0
+        assert advisory_locks(conn, conn.info.backend_pid) == 0
 
 
-def test_a_rolled_back_or_failed_start_run_does_not_block_the_slot(db):
+def test_a_rolled_back_or_failed_start_run_does_not_block_the_slot(db, advisory_locks):
     with db.connect() as a, db.connect() as b:
         a.execute("BEGIN")
         assert a.execute("SELECT pglockkit.start_run('rb', 's1', 'a')").fetchone()[0] is not None
@@ -204,11 +198,11 @@ def test_a_rolled_back_or_failed_start_run_does_not_block_the_slot(db):
         run = a.execute("SELECT pglockkit.start_run('rb', 's1', 'a')").fetchone()[0]
         assert run is not None
         assert a.execute("SELECT pglockkit.finish_run(%s, true)", (run,)).fetchone()[0] is True
-        assert _session_advisory_locks(a) == 0
+        assert advisory_locks(a, a.info.backend_pid) == 0
         # A start whose insert fails (a job name too long) releases the slot's key.
         with pytest.raises(psycopg.errors.CheckViolation):
             a.execute("SELECT pglockkit.start_run(repeat(md5('x'), 100), 's1', 'a')")
-        assert _session_advisory_locks(a) == 0
+        assert advisory_locks(a, a.info.backend_pid) == 0
         assert b.execute("SELECT pglockkit.start_run('rb', 's2', 'b')").fetchone()[0] is not None
 
 

@@ -9,6 +9,7 @@ pooling session locks work per client connection; on disconnect, the default ``s
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from pgbouncer import PgBouncer
 from scenarios import exactly_once_under_sigkill, lease_contenders
 
 import pglockkit
+import pglockkit.aio as aio
 from pglockkit import monitor
 
 NS = "bouncer"
@@ -173,6 +175,25 @@ def test_sole_writer_refuses_a_pooler(db, bouncer, pool_mode):
     # The same call on a direct DSN works.
     with pglockkit.sole_writer(db.dsn, NS, "restock_plan") as mine:
         assert mine
+
+
+# The same refusal from the async sole_writer (pglockkit.aio).
+def test_sole_writer_refuses_pgbouncer_before_taking_a_lock(db, ns, advisory_locks):
+    bouncer = PgBouncer(db.dsn, pool_mode="session")
+    try:
+
+        async def main():
+            with pytest.raises(pglockkit.PoolerDetected) as err:
+                async with aio.sole_writer(bouncer.dsn(), ns, "restock_plan"):
+                    pytest.fail("sole_writer ran its body through a pooler")
+            assert err.value.client_pid != err.value.server_pid
+            assert advisory_locks(db.conn) == 0
+            async with aio.sole_writer(db.dsn, ns, "restock_plan") as mine:  # direct: fine
+                assert mine
+
+        asyncio.run(main())
+    finally:
+        bouncer.stop()
 
 
 # --- doctor's pooler check -------------------------------------------------------------------------

@@ -1,141 +1,31 @@
 """pglockkit.aio on real AsyncConnections, on both servers: the sync contract, awaited.
 
-Each test drives its coroutines with ``asyncio.run`` (no pytest plugin needed). The first two
-tests check that the async layer cannot drift from the sync one: same names and signatures, and
-every operation built from the same call description in ``pglockkit._calls``.
+Each test drives its coroutines with ``asyncio.run`` (no pytest plugin needed). That the async
+layer cannot drift from the sync one (same names and signatures, every operation built from the
+same call description in ``pglockkit._calls``) is checked without a server in
+tests/unit/test_aio_calls.py; ``aio.sole_writer`` through PgBouncer in tests/system/test_pgbouncer.py.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import inspect
 import logging
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psycopg
 import pytest
-from pgbouncer import PgBouncer
 
 import pglockkit
 import pglockkit.aio as aio
-from pglockkit import leases, lock_key, locks, namespace_id, queue, runs
-
-PACKAGE = Path(pglockkit.__file__).parent
-# Not database operations: the async module reuses them as they are.
-NOT_DB = {"today_utc", "default_holder", "load_handler"}
-
-
-def _public(module) -> dict[str, object]:
-    return {
-        name: obj
-        for name, obj in vars(module).items()
-        if not name.startswith("_")
-        and (inspect.isfunction(obj) or inspect.isclass(obj))
-        and obj.__module__ == module.__name__
-        and name not in NOT_DB
-    }
-
-
-def _shape(obj) -> list[tuple[str, object, object]]:
-    target = obj.__init__ if inspect.isclass(obj) else inspect.unwrap(obj)
-    return [(p.name, p.kind, p.default) for p in inspect.signature(target).parameters.values()]
-
-
-def test_every_sync_operation_has_an_async_twin_with_the_same_signature():
-    checked = []
-    for module in (locks, leases, queue, runs):
-        for name, sync_obj in _public(module).items():
-            if name == "Worker":
-                continue  # the async API has no worker loop (yet): run the sync Worker in a thread
-            assert hasattr(aio, name), f"pglockkit.aio has no {name} (from {module.__name__})"
-            assert name in aio.__all__
-            async_obj = getattr(aio, name)
-            assert _shape(async_obj) == _shape(sync_obj), name
-            if inspect.isfunction(sync_obj):
-                wrapped = inspect.unwrap(async_obj)
-                is_async = inspect.iscoroutinefunction(wrapped) or inspect.isasyncgenfunction(wrapped)
-                assert is_async or name == "singleton", f"aio.{name} is not async"
-            checked.append(name)
-    assert {"xact_lock", "sole_writer", "Lease", "claim", "cancel", "run_once"} <= set(checked)
-    assert aio.Job is queue.Job
-    assert _shape(aio.retry)[1:4] == _shape(pglockkit.retry)[1:4]  # attempts, base, cap
-    assert _shape(aio.set_server_keepalives) == _shape(pglockkit.connection.set_server_keepalives)
-    assert _shape(aio.connect) == _shape(pglockkit.connect)
-
-
-def _calls_used(path: Path) -> dict[str, set[str]]:
-    """For each function and method in ``path`` (``Class.method``, ``__aenter__`` named
-    ``__enter__``): the ``_calls`` builders and events it uses."""
-    same = {"__aenter__": "__enter__", "__aexit__": "__exit__"}
-    functions = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef):
-            functions += [
-                (f"{node.name}.{same.get(f.name, f.name)}", f) for f in node.body if hasattr(f, "name")
-            ]
-        else:
-            functions.append((getattr(node, "name", ""), node))
-    return {
-        name: {
-            n.attr
-            for n in ast.walk(node)
-            if isinstance(n, ast.Attribute)
-            and isinstance(n.value, ast.Name)
-            and n.value.id == "_calls"
-            and n.attr not in {"run", "arun"}
-        }
-        for name, node in functions
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    }
-
-
-def test_sync_and_async_operations_are_built_from_the_same_call_descriptions():
-    async_used = _calls_used(PACKAGE / "aio.py")
-    compared = 0
-    for module in ("locks", "leases", "queue", "runs", "connection"):
-        for name, builders in _calls_used(PACKAGE / f"{module}.py").items():
-            if not builders or name not in async_used:
-                continue
-            assert async_used[name] == builders, f"{module}.{name}"
-            compared += 1
-    assert compared >= 25
-    # Neither layer holds SQL of its own: every statement is in _calls (the worker's LISTEN aside).
-    for module in ("locks", "leases", "queue", "runs", "aio"):
-        tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-        docstrings = {
-            id(node.body[0].value)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.body
-            and isinstance(node.body[0], ast.Expr)
-        }
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                assert "SELECT" not in node.value, f"{module}: {node.value!r}"
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                receiver = getattr(node.func.value, "id", None)
-                assert node.func.attr != "execute" or receiver == "listener", f"{module}: execute"
-
+from pglockkit import lock_key, namespace_id
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def ns(db):
-    pglockkit.register_namespace(db.conn, "graphs")
-    return "graphs"
 
 
 async def _aconnect(db, **kwargs) -> psycopg.AsyncConnection:
     kwargs.setdefault("autocommit", True)
     return await aio.connect(db.dsn, **kwargs)
-
-
-def _advisory_locks(db) -> int:
-    return db.conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0]
 
 
 # --- locks -----------------------------------------------------------------------------------
@@ -215,7 +105,7 @@ def test_a_waiting_xact_lock_does_not_block_the_event_loop(db, ns):
     assert 0.25 < elapsed < 3
 
 
-def test_autocommit_bad_input_and_unknown_namespace_are_refused(db, ns):
+def test_autocommit_bad_input_and_unknown_namespace_are_refused(db, ns, advisory_locks):
     async def main():
         async with await _aconnect(db) as conn:
             for call in (
@@ -236,7 +126,7 @@ def test_autocommit_bad_input_and_unknown_namespace_are_refused(db, ns):
             assert err.value.sqlstate == "42704"
 
     asyncio.run(main())
-    assert _advisory_locks(db) == 0
+    assert advisory_locks(db.conn) == 0
 
 
 def test_xact_lock_all_orders_keys_and_lock_rows_times_out(db, ns):
@@ -266,7 +156,9 @@ def test_xact_lock_all_orders_keys_and_lock_rows_times_out(db, ns):
     asyncio.run(main())
 
 
-def test_sole_writer_one_task_wins_one_skips_and_a_failure_releases(db, ns, caplog, monkeypatch):
+def test_sole_writer_one_task_wins_one_skips_and_a_failure_releases(
+    db, ns, caplog, monkeypatch, advisory_locks
+):
     caplog.set_level(logging.INFO, logger="pglockkit.locks")
     lock_conns: dict[asyncio.Task, psycopg.AsyncConnection] = {}
     real_keepalives = aio.set_server_keepalives
@@ -310,38 +202,20 @@ def test_sole_writer_one_task_wins_one_skips_and_a_failure_releases(db, ns, capl
     assert len(ran) == 1 and len(skipped) == 1, log
     assert ran[0].endswith("tcp_user_timeout 17000")  # server keepalives: 2 + 5 * 3 s
     assert log[2] == "third: ran"  # the failure inside the block released the lock
-    assert _advisory_locks(db) == 0
+    assert advisory_locks(db.conn) == 0
     events = [r.pglockkit["event"] for r in caplog.records if hasattr(r, "pglockkit")]
     assert sorted(events[:3]) == ["acquired", "released", "skipped"]
     assert events[3:] == ["acquired", "released", "acquired", "released"]
 
 
-def test_sole_writer_refuses_pgbouncer_before_taking_a_lock(db, ns):
-    bouncer = PgBouncer(db.dsn, pool_mode="session")
-    try:
-
-        async def main():
-            with pytest.raises(pglockkit.PoolerDetected) as err:
-                async with aio.sole_writer(bouncer.dsn(), ns, "restock_plan"):
-                    pytest.fail("sole_writer ran its body through a pooler")
-            assert err.value.client_pid != err.value.server_pid
-            assert _advisory_locks(db) == 0
-            async with aio.sole_writer(db.dsn, ns, "restock_plan") as mine:  # direct: fine
-                assert mine
-
-        asyncio.run(main())
-    finally:
-        bouncer.stop()
-
-
-def test_bad_keepalives_are_refused_before_connecting_a_lock(db, ns):
+def test_bad_keepalives_are_refused_before_connecting_a_lock(db, ns, advisory_locks):
     async def main():
         with pytest.raises(ValueError, match="unknown keepalive"):
             async with aio.sole_writer(db.dsn, ns, "r", keepalives={"tcp_keepalives_nope": 1}):
                 pytest.fail("ran with bad keepalives")
 
     asyncio.run(main())
-    assert _advisory_locks(db) == 0
+    assert advisory_locks(db.conn) == 0
 
 
 # --- leases ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 import pglockkit
 from pglockkit import queue as q
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: queue_handlers.py for the worker
 
 
 def restart_server(request, server, mode: str) -> float:
@@ -52,7 +52,7 @@ def _worker(dsn: str) -> subprocess.Popen:
             *(sys.executable, "-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", "w"),
             *("--handler", "queue_handlers:record", "--batch", "5", "--lease", "2s", "--poll", "0.2"),
         ],
-        env={**os.environ, "PYTHONPATH": str(HERE)},
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

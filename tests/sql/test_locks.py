@@ -14,19 +14,6 @@ import pytest
 import pglockkit
 from pglockkit import lock_key, namespace_id
 
-
-@pytest.fixture
-def ns(db):
-    db.conn.execute("SELECT pglockkit.register_namespace('graphs')")
-    return "graphs"
-
-
-def _advisory_locks_of(conn, pid):
-    return conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", (pid,)
-    ).fetchone()[0]
-
-
 # --- one writer per graph ----------------------------------------------------------------------
 
 
@@ -345,7 +332,7 @@ def test_swarm_with_random_orders_has_no_deadlocks(db, ns):
     assert len(done) == 8 * 25
 
 
-def test_xact_lock_all_timeout_bounds_the_whole_call(db, ns):
+def test_xact_lock_all_timeout_bounds_the_whole_call(db, ns, advisory_locks):
     with db.connect() as holder, db.connect() as waiter:
         holder.execute("SELECT pglockkit.try_lock(%s, 'c')", (ns,))
         started = time.monotonic()
@@ -353,22 +340,22 @@ def test_xact_lock_all_timeout_bounds_the_whole_call(db, ns):
             pglockkit.xact_lock_all(waiter, ns, ["a", "b", "c", "d"], timeout=0.2)
         assert 0.18 <= time.monotonic() - started < 1.0
         # The failed call took nothing with it: its transaction rolled back.
-        assert _advisory_locks_of(db.conn, waiter.info.backend_pid) == 0
+        assert advisory_locks(db.conn, waiter.info.backend_pid) == 0
 
 
-def test_xact_lock_all_dedupes_and_handles_integers_and_empty(db, ns):
+def test_xact_lock_all_dedupes_and_handles_integers_and_empty(db, ns, advisory_locks):
     with db.connect() as conn, conn.transaction():
         keys = pglockkit.xact_lock_all(conn, ns, [3, 1, 3, 2])
         assert keys == [lock_key(namespace_id(ns), i) for i in (1, 2, 3)]
         assert pglockkit.xact_lock_all(conn, ns, []) == []
-        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 3
+        assert advisory_locks(db.conn, conn.info.backend_pid) == 3
 
 
-def test_xact_lock_all_takes_up_to_1000_resources(db, ns):
+def test_xact_lock_all_takes_up_to_1000_resources(db, ns, advisory_locks):
     with db.connect() as conn, conn.transaction():
         keys = pglockkit.xact_lock_all(conn, ns, [f"r{i}" for i in range(1000)])
         assert len(set(keys)) == 1000 and keys == sorted(keys)
-        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 1000
+        assert advisory_locks(db.conn, conn.info.backend_pid) == 1000
 
 
 # --- row locks ----------------------------------------------------------------------------------
@@ -565,7 +552,7 @@ BAD_CALLS = [
 
 
 @pytest.mark.parametrize(("call", "sqlstate", "message"), BAD_CALLS)
-def test_bad_input_is_rejected_and_takes_no_lock(db, ns, call, sqlstate, message):
+def test_bad_input_is_rejected_and_takes_no_lock(db, ns, call, sqlstate, message, advisory_locks):
     registry = db.conn.execute("SELECT * FROM pglockkit.namespaces ORDER BY id").fetchall()
     with db.connect() as conn:
         conn.execute("BEGIN")
@@ -573,5 +560,5 @@ def test_bad_input_is_rejected_and_takes_no_lock(db, ns, call, sqlstate, message
             conn.execute(call)
         assert err.value.sqlstate == sqlstate
         conn.execute("ROLLBACK")
-        assert _advisory_locks_of(db.conn, conn.info.backend_pid) == 0
+        assert advisory_locks(db.conn, conn.info.backend_pid) == 0
     assert db.conn.execute("SELECT * FROM pglockkit.namespaces ORDER BY id").fetchall() == registry

@@ -3,19 +3,12 @@ real server; other errors are not retried."""
 
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
 
 import pglockkit
-from pglockkit import backoff, retry
-
-
-@pytest.fixture
-def ns(db):
-    db.conn.execute("SELECT pglockkit.register_namespace('retry')")
-    return "retry"
+from pglockkit import retry
 
 
 def test_retries_a_lock_timeout_until_the_holder_lets_go(db, ns):
@@ -92,11 +85,3 @@ def test_deadlock_victim_retries_and_both_finish(db, ns):
         t.join()
     assert sorted(results) == ["a", "b"]
     assert len(attempts) == 3  # one of them was the deadlock victim and ran twice
-
-
-def test_backoff_is_jittered_and_capped():
-    rng = random.Random(7)
-    pauses = [backoff(5, base=0.05, cap=1.0, rng=rng) for _ in range(500)]
-    assert all(0 <= p <= 1.0 for p in pauses)
-    assert max(pauses) - min(pauses) > 0.8  # spread over the window, not synchronised
-    assert max(backoff(0, base=0.05, rng=rng) for _ in range(100)) <= 0.05

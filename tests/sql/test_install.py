@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pglockkit
 from pglockkit.install import PreReleaseInstall, _backend, _migrations, migrations_dir, render_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(p.stem for p in migrations_dir().glob("*.sql"))
 BUNDLE = ROOT / "sql" / "pglockkit.sql"
 

@@ -22,7 +22,7 @@ import pg_ctl_unprivileged
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: pg_ctl_unprivileged.py
 EXECUTABLE = os.environ.get("PGLOCKKIT_PGBOUNCER", "/usr/sbin/pgbouncer")
 
 
@@ -82,7 +82,7 @@ class PgBouncer:
             for path in self.dir.iterdir():
                 os.chown(path, pw.pw_uid, pw.pw_gid)
             pg_ctl_unprivileged._hand_over(self.dir, pw)
-            command = [sys.executable, str(HERE / "pg_ctl_unprivileged.py"), *command]
+            command = [sys.executable, str(TESTS / "pg_ctl_unprivileged.py"), *command]
         with open(self.log_path, "wb") as log:  # pgbouncer logs to stderr in the foreground
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
         self._wait_ready()

@@ -11,7 +11,7 @@ import pytest
 
 from pglockkit import lock_key
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
