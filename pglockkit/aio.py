@@ -55,6 +55,8 @@ __all__ = [
     "extend_many",
     "fail",
     "finish_run",
+    "jobs",
+    "leases",
     "lock_rows",
     "namespaces",
     "prune_leases",
@@ -63,8 +65,10 @@ __all__ = [
     "release",
     "release_lease",
     "renew_lease",
+    "resource_key",
     "retry",
     "run_once",
+    "runs",
     "set_server_keepalives",
     "singleton",
     "sole_writer",
@@ -109,6 +113,28 @@ async def register_namespace(
 async def namespaces(conn: psycopg.AsyncConnection) -> list[dict]:
     """The namespace registry, ordered by id."""
     return await _calls.arun(conn, _calls.namespaces())
+
+
+async def resource_key(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> int:
+    """``pglockkit.locks.resource_key``: the key the server computes with ``pglockkit.lock_key``."""
+    return await _calls.arun(conn, _calls.resource_key(ns, resource))
+
+
+async def leases(conn: psycopg.AsyncConnection) -> list[dict]:
+    """``pglockkit.leases.leases``: every lease as ``pglockkit.lease_status`` shows it."""
+    return await _calls.arun(conn, _calls.leases())
+
+
+async def jobs(
+    conn: psycopg.AsyncConnection, queue: str, status: str | None = None, limit: int = 50
+) -> list[dict]:
+    """``pglockkit.queue.jobs``: a queue's jobs for display, newest first."""
+    return await _calls.arun(conn, _calls.jobs(queue, status, limit))
+
+
+async def runs(conn: psycopg.AsyncConnection, job: str | None = None, limit: int = 50) -> list[dict]:
+    """``pglockkit.runs.runs``: singleton runs from ``pglockkit.run_history``, newest first."""
+    return await _calls.arun(conn, _calls.runs(job, limit))
 
 
 async def try_xact_lock(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> bool:

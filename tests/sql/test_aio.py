@@ -491,3 +491,31 @@ def test_aio_connect_has_keepalives_and_no_prepared_statements(db):
             return (await cur.fetchone())[0]
 
     assert asyncio.run(main()) == "15000"  # 10 + 5 * 1
+
+
+def test_the_listings_read_what_their_sync_twins_read(db):
+    """aio.resource_key, leases, jobs and runs: the same calls as the sync functions the CLI uses."""
+    from pglockkit import leases as sync_leases
+    from pglockkit import locks as sync_locks
+    from pglockkit import queue as sync_queue
+    from pglockkit import runs as sync_runs
+
+    db.conn.execute("SELECT pglockkit.register_namespace('listing')")
+    db.conn.execute("SELECT pglockkit.acquire_lease('l', 'h', '1 minute')")
+    db.conn.execute("SELECT pglockkit.enqueue_job('q', '{\"a\": 1}')")
+    db.conn.execute("SELECT pglockkit.start_run('nightly', 's1', 'pod')")
+
+    async def read():
+        async with await aio.connect(db.dsn, autocommit=True) as conn:
+            return (
+                await aio.resource_key(conn, "listing", "r"),
+                await aio.leases(conn),
+                await aio.jobs(conn, "q"),
+                await aio.runs(conn, "nightly"),
+            )
+
+    key, leases, jobs, runs = asyncio.run(read())
+    assert key == sync_locks.resource_key(db.conn, "listing", "r") == lock_key(namespace_id("listing"), "r")
+    assert [row["name"] for row in leases] == [row["name"] for row in sync_leases.leases(db.conn)] == ["l"]
+    assert jobs == sync_queue.jobs(db.conn, "q") and len(jobs) == 1
+    assert [r["slot"] for r in runs] == [r["slot"] for r in sync_runs.runs(db.conn, "nightly")] == ["s1"]
