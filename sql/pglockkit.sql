@@ -751,6 +751,8 @@ DECLARE
     v_key   bigint := pglockkit._lease_session_key(acquire_lease.name, v_pid);
     v_row   pglockkit.leases;
     v_bind  bigint;  -- the key this acquisition binds to, NULL if unbound
+    v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks shows
+                               -- it like a session lock, so _advisory_held cannot tell them apart)
     v_token bigint;
     v_tries integer := 0;
 BEGIN
@@ -800,6 +802,8 @@ BEGIN
         IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
             RETURN NULL;
         END IF;
+        v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused or
+                                              -- its session locks dropped by hand)
     END IF;
 
     -- Free: released, expired, or its session-bound holder's backend is gone. Whoever held it may
@@ -824,7 +828,8 @@ BEGIN
     -- Bind to the session key, once: a session that bound an earlier acquisition of this name (and
     -- still holds its key, advisory locks being re-entrant) must not take it a second time, or one
     -- release_lease would leave it held.
-    IF bind_session AND NOT pglockkit._advisory_held(v_key, true) AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
+    IF bind_session AND (v_xact OR NOT pglockkit._advisory_held(v_key, true))
+       AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
         -- The key is this backend's own: only someone who took it by hand can hold it.
         RAISE EXCEPTION 'lease "%": its session key % is held by another session', acquire_lease.name, v_key
             USING ERRCODE = 'lock_not_available';

@@ -296,6 +296,24 @@ def test_a_rolled_back_bound_acquire_blocks_no_one(db, advisory_locks):
         assert advisory_locks(db.conn, r.info.backend_pid, granted_only=True) == 0
 
 
+def test_a_bound_lease_whose_key_this_session_lost_is_bound_again_when_it_takes_it_over(db, advisory_locks):
+    """A live bound lease whose holder's key is not held while its recorded backend (pid) is this
+    one: the key lost by hand (pg_advisory_unlock_all, a pooler's DISCARD ALL) or a dead holder's
+    pid reused. Taking it over binds it for real: the session lock is taken even though this
+    transaction already holds the same key at transaction level (pg_locks shows both alike), so
+    the new lease stays this backend's after the commit and nobody else can take it."""
+    with db.connect() as a, db.connect() as rival:
+        assert acquire_lease(a, "pid", "first", 60, bind_session=True) is not None
+        a.execute("SELECT pg_advisory_unlock_all()")
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0
+        token = acquire_lease(a, "pid", "second", 60, bind_session=True)
+        assert token is not None
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 1, "bound to no key"
+        assert acquire_lease(rival, "pid", "rival", 60, bind_session=True) is None  # live, still bound
+        assert release_lease(a, "pid", "second", token)
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0
+
+
 def test_python_lease_lets_go_of_its_session_key_once_lost(db, advisory_locks):
     with Lease(db.dsn, "paused", ttl=0.2, holder="me", bind_session=True, renew_every=0.6) as lease:
         pid = lease._conn.info.backend_pid
