@@ -96,6 +96,12 @@ class DependentObjects(PglockkitError):
         self.objects = objects
 
 
+class PreReleaseInstall(PglockkitError):
+    """``install`` refused: the database holds pglockkit from a pre-release build, whose
+    migrations this version does not know (they were folded into the baseline). Uninstall it and
+    install again (client-side, no SQLSTATE)."""
+
+
 class RetryableError(PglockkitError):
     """A failure that a retry of the whole transaction can cure."""
 

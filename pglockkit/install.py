@@ -25,7 +25,7 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import DatabaseURI
 
 from pglockkit.connection import connect
-from pglockkit.errors import DependentObjects
+from pglockkit.errors import DependentObjects, PreReleaseInstall
 from pglockkit.keys import lock_key, namespace_id
 
 log = logging.getLogger("pglockkit.install")
@@ -58,8 +58,11 @@ def _migrations():
 
 def render_schema() -> str:
     """Every object's current definition: the domain files of ``sql/schema/`` in order."""
+    paths = sorted(schema_dir().glob("*.sql"))
+    if not paths:
+        raise FileNotFoundError(f"no schema files in {schema_dir()}: a broken checkout or package")
     parts = []
-    for path in sorted(schema_dir().glob("*.sql")):
+    for path in paths:
         text = path.read_text(encoding="utf-8").rstrip()
         parts.append(f"\n-- ==== sql/schema/{path.name} ====\n\n{text}\n")
     return "".join(parts)
@@ -74,10 +77,6 @@ def _bookkeeping(ids: list[str]) -> str:
         f"CREATE TABLE {BUNDLE_TABLE} (migration_id text PRIMARY KEY);\n"
         f"INSERT INTO {BUNDLE_TABLE} VALUES {values};\n"
     )
-
-
-class PreReleaseInstall(RuntimeError):
-    """The database holds pglockkit from a build whose migrations this version does not know."""
 
 
 def _backend(dsn: str):
@@ -185,8 +184,9 @@ def _refuse_unknown_migrations(conn: psycopg.Connection, migrations) -> None:
     if unknown:
         raise PreReleaseInstall(
             f"this database has pglockkit migrations this version does not know ({', '.join(unknown)}): "
-            "it was installed by a pre-release build whose migrations were folded into the baseline. "
-            "Uninstall it (`pglockkit uninstall --yes`; the kit's data goes with it) and install again"
+            "it was installed by a pre-release build whose migrations were folded into the baseline",
+            hint="uninstall it (`pglockkit uninstall --yes`, with `--embedded` for the local server; "
+            "the kit's data goes with it), then install again",
         )
 
 

@@ -15,7 +15,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pglockkit
-from pglockkit.install import PreReleaseInstall, _backend, _migrations, migrations_dir, render_bundle
+from pglockkit.errors import PreReleaseInstall
+from pglockkit.install import _backend, _migrations, migrations_dir, render_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(p.stem for p in migrations_dir().glob("*.sql"))
@@ -358,8 +359,14 @@ def test_a_pre_release_install_is_refused_with_what_to_do(server):
             "INSERT INTO pglockkit_migrations._yoyo_migration (migration_hash, migration_id, applied_at_utc) "
             "VALUES ('x', '0001_foundation', now())"
         )
-    with pytest.raises(PreReleaseInstall, match=r"0001_foundation.*uninstall"):
+    with pytest.raises(PreReleaseInstall, match=r"does not know \(0001_foundation\)") as err:
         pglockkit.install(dsn)
+    assert "pglockkit uninstall --yes" in err.value.hint
+    cli = subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", "install", "--dsn", dsn], capture_output=True, text=True
+    )
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr
+    assert "0001_foundation" in cli.stderr and "pglockkit uninstall --yes" in cli.stderr
 
 
 def test_install_adopts_a_bundle_install(server):
