@@ -206,6 +206,10 @@ def namespaces() -> Call[list[dict]]:
     )
 
 
+def sample(retention: timedelta) -> Call[int]:
+    return Call("SELECT pglockkit.sample(%s)", (retention,))
+
+
 def resource_key(ns: str, resource: str | int) -> Call[int]:
     return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
 

@@ -6,7 +6,8 @@ Lane connections are in autocommit mode (the lane sends BEGIN itself), so a hand
 commit on their own. Every statement of a handler first checks that the job's transaction is
 still open; one that finds it ended marks the connection, and the job fails however the handler
 goes on; the statement itself is refused, so nothing after the end is written (in autocommit, it
-would be at once)."""
+would be at once). Not seen: statements sent in one pipeline, or in one string, with the COMMIT
+(the connection is not idle between them); the job still fails, but they are written."""
 
 from __future__ import annotations
 

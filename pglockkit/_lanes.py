@@ -50,7 +50,7 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
-from pglockkit.errors import RetryableError, UnknownJob
+from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, UnknownJob
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -412,7 +412,7 @@ class Lane:
             return STOPPED if self.stopping() else SPENT
         for attempt in range(CLAIM_TRIES):
             results, error = yield Pipeline([self._claim(n)])
-            if not isinstance(error, RetryableError) or attempt == CLAIM_TRIES - 1:
+            if not isinstance(error, SerializationFailure | Deadlock) or attempt == CLAIM_TRIES - 1:
                 break
             # A claim conflicted (40001 under REPEATABLE READ or SERIALIZABLE as the database's
             # default, where a row claimed after the statement's snapshot cannot be updated): it

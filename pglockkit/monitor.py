@@ -17,6 +17,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
+from pglockkit import _calls
 from pglockkit import _format as fmt
 
 SEVERITIES = ("info", "warning", "error")
@@ -375,7 +376,7 @@ def _probe(conn: psycopg.Connection, last: int, wait: float = 2.0) -> tuple[int 
 def sample(conn: psycopg.Connection, retention: timedelta = timedelta(days=7)) -> int:
     """Record one contention sample (``pglockkit.sample``), deleting samples older than
     ``retention``; returns how many lock keys it recorded. What ``pglockkit sample`` runs."""
-    return conn.execute("SELECT pglockkit.sample(%s)", (retention,)).fetchone()[0]
+    return _calls.run(conn, _calls.sample(retention))
 
 
 def render_findings(findings: list[Finding]) -> str:
