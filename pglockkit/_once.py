@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from pglockkit import _calls, runs
-from pglockkit.connection import connect
+from pglockkit.connection import connect, set_server_keepalives
 from pglockkit.leases import default_holder
 
 # Signals that `once` passes on to its command, as a supervisor must: a deploy or a node drain
@@ -44,6 +44,9 @@ class Once:
     def run(self) -> int:
         conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit run {self.job}")
         with conn:
+            # The slot's lock lives as long as this session: have the server end it (and free the
+            # slot) within a bounded time if this host vanishes, as sole_writer does.
+            set_server_keepalives(conn)
             run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
             if run_id is None:
                 _calls.run_event("skipped", self.job, self.slot, None)
