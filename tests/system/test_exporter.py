@@ -27,7 +27,7 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def _exporter_binary() -> str:
     found = shutil.which("prometheus-postgres-exporter") or shutil.which("postgres_exporter")
-    assert found, "not installed: apt-get install prometheus-postgres-exporter (.ci/run does)"
+    assert found, "not installed: apt-get install prometheus-postgres-exporter (scripts/test does)"
     return found
 
 

@@ -222,7 +222,7 @@ with pglockkit.sole_writer(dsn, "vanish", "job", keepalives=keepalives) as mine:
 
 def _iptables(*args: str) -> None:
     iptables = shutil.which("iptables")
-    assert iptables, "iptables is not installed (apt-get install iptables; .ci/run does)"
+    assert iptables, "iptables is not installed (apt-get install iptables; scripts/test does)"
     subprocess.run([iptables, "-w", *args], check=True, capture_output=True)
 
 

@@ -18,7 +18,7 @@ EXPORTER = ROOT / "sql" / "postgres_exporter.yaml"
 
 def _promtool() -> str:
     found = shutil.which("promtool")
-    assert found, "not installed: apt-get install prometheus (.ci/run does)"
+    assert found, "not installed: apt-get install prometheus (scripts/test does)"
     return found
 
 
