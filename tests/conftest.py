@@ -203,13 +203,15 @@ def advisory_locks():
 
 @pytest.fixture
 def as_role(server: Server, db: Db, request: pytest.FixtureRequest):
-    """Login roles from the test module's ``ROLES`` (role name -> the group role it is in);
-    returns a function that opens an autocommit connection to ``db`` as one of them."""
+    """Login roles from the test module's ``ROLES`` (role name -> the group roles it is in, which
+    may be roles listed before it); returns a function that opens an autocommit connection to
+    ``db`` as one of them."""
     roles: dict[str, str] = request.module.ROLES
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role, group in roles.items():
+        for role in reversed(roles):
             admin.execute(f"DROP ROLE IF EXISTS {role}")
-            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+        for role, groups in roles.items():
+            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {groups}")
     opened = []
 
     def connect(role: str) -> psycopg.Connection:
@@ -221,5 +223,5 @@ def as_role(server: Server, db: Db, request: pytest.FixtureRequest):
     for conn in opened:
         conn.close()
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role in roles:
+        for role in reversed(roles):
             admin.execute(f"DROP ROLE {role}")

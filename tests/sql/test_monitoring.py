@@ -344,7 +344,7 @@ def test_doctor_finds_queue_lag_expired_job_leases_and_lock_table_pressure(db):
 
 # Login roles for the visibility tests: a plain worker, an operator (runs sample()), a role whose
 # own sessions hold locks, a member of that role, and a member of pg_read_all_stats.
-VISIBILITY_ROLES = {
+ROLES = {  # for the as_role fixture; a role may be in one listed before it
     "vis_worker": "pglockkit_user",
     "vis_ops": "pglockkit_admin",
     "vis_app": "pglockkit_user",
@@ -353,46 +353,24 @@ VISIBILITY_ROLES = {
 }
 
 
-@pytest.fixture
-def as_reader(server, db):
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role in reversed(VISIBILITY_ROLES):
-            admin.execute(f"DROP ROLE IF EXISTS {role}")
-        for role, groups in VISIBILITY_ROLES.items():
-            admin.execute(f"CREATE ROLE {role} LOGIN IN ROLE {groups}")
-    opened = []
-
-    def connect(role: str) -> psycopg.Connection:
-        conn = psycopg.connect(make_conninfo(db.dsn, user=role), autocommit=True)
-        opened.append(conn)
-        return conn
-
-    yield connect
-    for conn in opened:
-        conn.close()
-    with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        for role in reversed(VISIBILITY_ROLES):
-            admin.execute(f"DROP ROLE {role}")
-
-
 def _queries(conn, sql, params=()):
     return {q for (q,) in conn.execute(sql, params).fetchall() if q is not None}
 
 
-def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as_reader):
+def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as_role):
     """sample() runs as the installer and sees every query; lock_history and contention_report
     must still show each reader only what advisory_locks shows them live (pg_stat_activity's rule:
     the holder's role's privileges, or pg_read_all_stats)."""
     db.conn.execute("SELECT pglockkit.register_namespace('app')")
-    with db.connect() as root_holder, as_reader("vis_app") as app_holder:
+    with db.connect() as root_holder, as_role("vis_app") as app_holder:
         root_holder.execute("SELECT pg_advisory_lock(pglockkit.lock_key('app', 'x')), 'root secret: hunter2'")
         app_holder.execute("SELECT pg_advisory_lock(pglockkit.lock_key('app', 'y')), 'app secret: swordfish'")
         pids = [root_holder.info.backend_pid, app_holder.info.backend_pid]
-        assert as_reader("vis_ops").execute("SELECT pglockkit.sample()").fetchone()[0] == 2
+        assert as_role("vis_ops").execute("SELECT pglockkit.sample()").fetchone()[0] == 2
 
         seen = {}
-        for role in VISIBILITY_ROLES:
-            reader = as_reader(role)
+        for role in ROLES:
+            reader = as_role(role)
             live = _queries(reader, "SELECT query FROM pglockkit.advisory_locks WHERE pid = ANY(%s)", (pids,))
             history = _queries(
                 reader,
@@ -427,11 +405,11 @@ def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as
         "VALUES (now(), 'old', 1, 0, ARRAY['old secret'])"
     )
     old = "SELECT q FROM pglockkit.lock_history, unnest(holder_queries) q WHERE namespace = 'old'"
-    assert _queries(as_reader("vis_app"), old) == {"<insufficient privilege>"}
-    assert _queries(as_reader("vis_stats"), old) == {"old secret"}
+    assert _queries(as_role("vis_app"), old) == {"<insufficient privilege>"}
+    assert _queries(as_role("vis_stats"), old) == {"old secret"}
 
 
-def test_advisory_locks_shows_user_and_hides_state_and_query_of_unseen_sessions(db, as_reader):
+def test_advisory_locks_shows_user_and_hides_state_and_query_of_unseen_sessions(db, as_role):
     """What docs/monitoring.md and the view's comment promise for a session the reader may not see: its
     user and application are shown, its state and client are NULL, its query reads
     <insufficient privilege> (as in pg_stat_activity); a reader who may see it gets everything."""
@@ -443,9 +421,9 @@ def test_advisory_locks_shows_user_and_hides_state_and_query_of_unseen_sessions(
         cols = 'namespace, "user", application_name, client_addr, state, state_age, query'
         sql_ = f"SELECT {cols} FROM pglockkit.advisory_locks WHERE pid = %s"
         pid = holder.info.backend_pid
-        row = as_reader("vis_worker").execute(sql_, (pid,)).fetchone()
+        row = as_role("vis_worker").execute(sql_, (pid,)).fetchone()
         assert row == ("app", su, "root holder", None, None, None, "<insufficient privilege>")
-        row = as_reader("vis_stats").execute(sql_, (pid,)).fetchone()
+        row = as_role("vis_stats").execute(sql_, (pid,)).fetchone()
         assert row[:3] == ("app", su, "root holder") and row[4] == "idle" and row[5] is not None
         assert "root secret" in row[6]
     comment = db.conn.execute("SELECT obj_description('pglockkit.advisory_locks'::regclass)").fetchone()[0]
