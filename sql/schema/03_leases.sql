@@ -277,7 +277,7 @@ COMMENT ON SEQUENCE pglockkit.lease_tokens IS
     'Fencing tokens of leases: one per acquisition, drawn while the acquirer holds the name''s row, never reused; each name''s tokens strictly increase.';
 
 CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
         'lease-session:' OPERATOR(pg_catalog.||) pid::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)

@@ -22,7 +22,7 @@ COMMENT ON TABLE pglockkit.runs IS
     'One row per (job, slot) that started. Write it through start_run / finish_run; read pglockkit.run_history.';
 
 CREATE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
         'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::text OPERATOR(pg_catalog.||) ':'

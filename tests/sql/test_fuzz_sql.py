@@ -465,6 +465,7 @@ def fn(params, states, **kw):
 
 
 ns_p = ("ns", text_arg(NS))
+ns_id_p = ("ns_id", int_arg((1, 32767, 0, -1, 32768, 12870)))
 res_text = ("resource", text_arg(RES))
 res_int = ("resource", bigint_arg(RES_INT))
 timeout_p = ("timeout", interval_arg(TIMEOUTS), True)
@@ -480,6 +481,8 @@ new_queue_p = ("queue", text_arg(QUEUES, indexed=True))
 FUNCTIONS: dict[str, Fn] = {
     "lock_key(text, text)": fn([ns_p, res_text], {NULL_, UNKNOWN}),
     "lock_key(text, bigint)": fn([ns_p, res_int], {NULL_, UNKNOWN, RANGE}),
+    "key(integer, text)": fn([ns_id_p, res_text], {NULL_, RANGE}),
+    "key(integer, bigint)": fn([ns_id_p, res_int], {NULL_, RANGE}),
     "decode_key(bigint)": fn([("key", bigint_arg())], set()),
     "decode_key(oid, oid)": fn([("classid", oid_arg()), ("objid", oid_arg())], set()),
     "register_namespace(text, integer, text, interval)": fn(
@@ -1031,6 +1034,7 @@ def test_fuzz_function(fuzzer, signature):
 # cannot fail on well-typed input, an invalid literal of the parameter's type.
 FATAL_NULLS = {
     "lock_key": ("ns", "resource"),
+    "key": ("ns_id", "resource"),
     "register_namespace": ("name",),
     "try_lock": ("ns", "resource"),
     "unlock": ("ns", "resource"),

@@ -15,6 +15,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pglockkit
+from pglockkit import lock_key
 from pglockkit.errors import PreReleaseInstall
 from pglockkit.install import _backend, _migrations, migrations_dir, render_bundle
 
@@ -198,21 +199,22 @@ ADMIN_ONLY = {
 def test_functions_pin_search_path_have_comments_and_are_not_public(db):
     rows = db.conn.execute(
         """SELECT p.oid::regprocedure::text, p.proconfig, obj_description(p.oid, 'pg_proc'),
-                  coalesce(p.proacl::text, ''), p.prosecdef
+                  coalesce(p.proacl::text, ''), p.prosecdef, p.prosqlbody IS NOT NULL
              FROM pg_proc p WHERE p.pronamespace = 'pglockkit'::regnamespace"""
     ).fetchall()
     assert len(rows) > 20
-    # Inlined into their callers (a SET clause would forbid it); their bodies are fully qualified,
-    # which test_search_path_hijack_changes_nothing checks.
-    inlined = {
-        "pglockkit._h47(text)",
-        "pglockkit._key(smallint,text)",
+    # Without a SET clause so that the planner inlines them into their callers: BEGIN ATOMIC bodies
+    # (bound when created, under the installer's pinned search path), or these, whose text is
+    # fully qualified; test_search_path_hijack_changes_nothing checks both kinds.
+    inlined_text = {
         "pglockkit._lease_session_key(text)",
         "pglockkit._lease_session_key(text,integer)",
         "pglockkit._run_key(text,text)",
     }
-    for sig, config, comment, acl, _ in rows:
-        if sig in inlined:
+    atomic = {sig for sig, *_, is_atomic in rows if is_atomic}
+    assert {"pglockkit.xact_lock(text,text,interval)", "pglockkit.lock_key(text,text)"} <= atomic
+    for sig, config, comment, acl, _, is_atomic in rows:
+        if sig in inlined_text or is_atomic:
             assert config is None, sig
         else:
             assert config and any(c.startswith("search_path=pg_catalog") for c in config), sig
@@ -222,7 +224,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
             assert "pglockkit_admin=X" in acl and "pglockkit_user=X" not in acl, f"{sig}: {acl}"
         elif not sig.startswith("pglockkit._grant_privileges"):
             assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
-    definers = sorted(sig for sig, *_, secdef in rows if secdef)
+    definers = sorted(sig for sig, _, _, _, secdef, _ in rows if secdef)
     # The functions that write the kit's tables, and no others.
     assert definers == [
         "pglockkit.acquire_lease(text,text,interval,boolean)",
@@ -422,3 +424,45 @@ def test_search_path_hijack_changes_nothing(db):
             db.conn.execute("SELECT pglockkit.try_xact_lock('billing', 'invoice:7')").fetchone()[0] is False
         )
         db.conn.execute("ROLLBACK")
+
+
+def test_search_path_hijack_does_not_reach_the_inlined_lock_calls(db):
+    """The lock calls are inlined into the caller's statement, which is planned under the caller's
+    search_path. Their BEGIN ATOMIC bodies were bound when they were created, so shadowing every
+    function and operator they use changes neither the key nor whether the lock is really taken."""
+    db.conn.execute("SELECT pglockkit.register_namespace('billing', 42)")
+    expected = lock_key(42, "invoice:7")
+    db.conn.execute("CREATE SCHEMA evil")
+    for signature, body in [
+        ("pg_try_advisory_xact_lock(bigint) RETURNS boolean", "SELECT true"),
+        ("pg_try_advisory_lock(bigint) RETURNS boolean", "SELECT true"),
+        ("array_position(text[], text) RETURNS int", "SELECT 1"),
+        ("convert_to(text, name) RETURNS bytea", "SELECT '\\x00'::bytea"),
+        ("or_evil(bigint, bigint) RETURNS bigint", "SELECT 1::bigint"),
+        ("shl(bigint, int) RETURNS bigint", "SELECT 0::bigint"),
+        ("ge(bigint, int) RETURNS boolean", "SELECT false"),
+    ]:
+        db.conn.execute(f"CREATE FUNCTION evil.{signature} LANGUAGE sql AS $$ {body} $$")
+    for op, right, func in [("|", "bigint", "or_evil"), ("<<", "int", "shl"), (">=", "int", "ge")]:
+        db.conn.execute(
+            f"CREATE OPERATOR evil.{op} (LEFTARG = bigint, RIGHTARG = {right}, FUNCTION = evil.{func})"
+        )
+    db.conn.execute("SET search_path = evil, pg_catalog, public")
+    assert db.conn.execute("SELECT pglockkit.key(42, 'invoice:7')").fetchone()[0] == expected
+    assert db.conn.execute("SELECT pglockkit.key(42, 7::bigint)").fetchone()[0] == lock_key(42, 7)
+
+    def one(conn, query, *args):
+        return conn.execute(query, args).fetchone()[0]
+
+    with db.connect() as other:
+        db.conn.execute("BEGIN")
+        assert one(db.conn, "SELECT pglockkit.xact_lock('billing', 'invoice:7')") == expected
+        assert one(db.conn, "SELECT pglockkit.xact_lock('billing', 7::bigint)") == lock_key(42, 7)
+        assert not one(other, "SELECT pg_try_advisory_xact_lock(%s)", expected)
+        assert not one(other, "SELECT pg_try_advisory_xact_lock(%s)", lock_key(42, 7))
+        db.conn.execute("ROLLBACK")
+        assert one(other, "SELECT pglockkit.try_lock('billing', 'invoice:7')")
+        db.conn.execute("BEGIN")
+        assert one(db.conn, "SELECT pglockkit.try_xact_lock('billing', 'invoice:7')") is False
+        db.conn.execute("ROLLBACK")
+        assert one(db.conn, "SELECT pglockkit.try_lock('billing', 'invoice:7')") is False

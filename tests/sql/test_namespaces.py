@@ -130,3 +130,104 @@ def test_unknown_namespace_is_42704_everywhere(db):
         assert "register_namespace('nope')" in err.value.diag.message_hint
     # Nothing was auto-registered on the way.
     assert db.conn.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'nope'").fetchone()[0] == 0
+
+
+def test_a_registry_change_reaches_plans_cached_before_it(db):
+    """The registry is compiled into every plan that names a namespace. A prepared statement and
+    a PL/pgSQL function of another session, planned (generic plans) before a change, see the
+    change at their next run: a new name, an id changed by hand, a name deleted."""
+    with db.connect() as app:
+        app.execute("SET plan_cache_mode = force_generic_plan")
+        app.execute("PREPARE k AS SELECT pglockkit.lock_key('late', 'x')")
+        app.execute(
+            "CREATE FUNCTION take_late() RETURNS bigint LANGUAGE plpgsql"
+            " AS $$ BEGIN RETURN pglockkit.xact_lock('late', 'x'); END $$"
+        )
+        for _ in range(3):
+            with pytest.raises(psycopg.errors.UndefinedObject):
+                app.execute("EXECUTE k")
+            with pytest.raises(psycopg.errors.UndefinedObject):
+                app.execute("SELECT take_late()")
+        db.conn.execute("SELECT pglockkit.register_namespace('late', 77)")
+        for _ in range(3):
+            assert app.execute("EXECUTE k").fetchone()[0] == pglockkit.lock_key(77, "x")
+            assert app.execute("SELECT take_late()").fetchone()[0] == pglockkit.lock_key(77, "x")
+        # Ids are permanent through the API; an owner can still edit the table.
+        db.conn.execute("UPDATE pglockkit.namespaces SET id = 78 WHERE name = 'late'")
+        assert app.execute("EXECUTE k").fetchone()[0] == pglockkit.lock_key(78, "x")
+        assert app.execute("SELECT take_late()").fetchone()[0] == pglockkit.lock_key(78, "x")
+        db.conn.execute("DELETE FROM pglockkit.namespaces WHERE name = 'late'")
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            app.execute("EXECUTE k")
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            app.execute("SELECT take_late()")
+
+
+def test_a_name_missing_from_the_compiled_registry_is_read_from_the_table(db):
+    db.conn.execute("SELECT pglockkit.register_namespace('aside', 91)")
+    # What a registration that could not see this one (REPEATABLE READ) would have compiled.
+    db.conn.execute(
+        "CREATE OR REPLACE FUNCTION pglockkit._ns_registry(ns text) RETURNS smallint"
+        " LANGUAGE sql STABLE PARALLEL SAFE BEGIN ATOMIC SELECT NULL::int2; END"
+    )
+    assert db.conn.execute("SELECT pglockkit.lock_key('aside', 'r')").fetchone()[0] == pglockkit.lock_key(
+        91, "r"
+    )
+    with db.conn.transaction():
+        assert db.conn.execute("SELECT pglockkit.xact_lock('aside', 5)").fetchone()[0] == pglockkit.lock_key(
+            91, 5
+        )
+    with pytest.raises(psycopg.errors.UndefinedObject):
+        db.conn.execute("SELECT pglockkit.lock_key('absent', 'r')")
+
+
+def test_compiling_under_repeatable_read_never_keeps_a_deleted_name(db):
+    """A registration whose snapshot still shows a name deleted since cannot compile that name
+    back into the registry: it fails with a serialization error (retry), and the name stays
+    unknown."""
+    db.conn.execute("SELECT pglockkit.register_namespace('doomed', 92)")
+    with db.connect(autocommit=False) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert (
+            rr.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'doomed'").fetchone()[0] == 1
+        )
+        db.conn.execute("DELETE FROM pglockkit.namespaces WHERE name = 'doomed'")
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            rr.execute("SELECT pglockkit.register_namespace('newcomer', 93)")
+        rr.rollback()
+        assert pglockkit.register_namespace(rr, "newcomer", 93) == 93
+        rr.commit()
+    assert db.conn.execute("SELECT pglockkit._ns_registry('doomed')").fetchone()[0] is None
+    with pytest.raises(psycopg.errors.UndefinedObject):
+        db.conn.execute("SELECT pglockkit.lock_key('doomed', 'r')")
+    assert db.conn.execute("SELECT pglockkit.lock_key('newcomer', 'r')").fetchone()[0] == pglockkit.lock_key(
+        93, "r"
+    )
+
+
+def test_concurrent_registrations_of_different_names_all_reach_the_compiled_registry(db):
+    """Sixteen pods register sixteen names at the same instant: no error (two compilations at
+    once would fail with "tuple concurrently updated"), and the compiled registry holds them all."""
+    barrier = threading.Barrier(16)
+    errors = []
+
+    def pod(i):
+        try:
+            with db.connect() as conn:
+                barrier.wait()
+                pglockkit.register_namespace(conn, f"pod{i}")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pod, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    rows = db.conn.execute(
+        "SELECT n.name, n.id, pglockkit._ns_registry(n.name)"
+        " FROM pglockkit.namespaces n WHERE n.name LIKE 'pod%'"
+    ).fetchall()
+    assert len(rows) == 16
+    assert all(compiled == nid for _, nid, compiled in rows), rows
