@@ -8,6 +8,9 @@ The scripts are in ``bench/pgbench/``. Each transaction is one autocommit statem
 for another: this is the cost of taking the lock, not contention.
 
 - ``xact_lock.sql``: ``SELECT pglockkit.xact_lock('bench', 'pgbench-' || :client_id)``;
+- ``key_lock.sql``: ``SELECT pg_advisory_xact_lock(pglockkit.key(:ns_id, 'pgbench-' || :client_id))``,
+  the documented hot-loop form (the namespace's id instead of its name: no lookup, no wait
+  handling of pglockkit's), with ``-D ns_id=`` the id of ``bench``;
 - ``advisory_xact_lock.sql``: ``SELECT pg_advisory_xact_lock(4242000000 + :client_id)``;
 - ``row_for_update.sql``: ``SELECT id FROM bench_pgbench_rows WHERE id = :client_id FOR UPDATE`` (a
   row lock writes the row's xmax and gives the transaction an xid, so its commit writes WAL).
@@ -47,6 +50,7 @@ SCRIPTS_DIR = HERE / "pgbench"
 RESULTS_PATH = HERE / "results" / "pgbench_compare.json"
 SCRIPTS = {
     "pglockkit.xact_lock": "xact_lock.sql",
+    "pglockkit.key hot loop": "key_lock.sql",
     "pg_advisory_xact_lock": "advisory_xact_lock.sql",
     "SELECT ... FOR UPDATE": "row_for_update.sql",
 }
@@ -80,13 +84,16 @@ def pgbench_version(pgbench: str) -> str:
     return subprocess.run([pgbench, "--version"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def run_pgbench(pgbench: str, dsn: str, script: str, clients: int, seconds: int) -> float:
+def run_pgbench(
+    pgbench: str, dsn: str, script: str, clients: int, seconds: int, defines: dict[str, int] | None = None
+) -> float:
     """One pgbench run; returns tps without the initial connection time."""
     cmd = [
         pgbench,
         "--no-vacuum",
         "--protocol=prepared",
         f"--file={SCRIPTS_DIR / script}",
+        *(f"--define={k}={v}" for k, v in (defines or {}).items()),
         f"--client={clients}",
         f"--jobs={min(clients, nproc())}",
         f"--time={seconds}",
@@ -100,16 +107,17 @@ def run_pgbench(pgbench: str, dsn: str, script: str, clients: int, seconds: int)
     return float(match.group(1))
 
 
-def prepare(dsn: str, max_clients: int) -> str:
-    """pglockkit installed, the namespace registered, one row per client; returns the server version."""
+def prepare(dsn: str, max_clients: int) -> tuple[str, int]:
+    """pglockkit installed, the namespace registered, one row per client; returns the server
+    version and the namespace's id."""
     pglockkit.install(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pglockkit.register_namespace(%s)", (NAMESPACE,))
+        ns_id = conn.execute("SELECT pglockkit.register_namespace(%s)", (NAMESPACE,)).fetchone()[0]
         conn.execute(f"DROP TABLE IF EXISTS {ROWS_TABLE}")
         conn.execute(f"CREATE TABLE {ROWS_TABLE} (id integer PRIMARY KEY)")
         conn.execute(f"INSERT INTO {ROWS_TABLE} SELECT generate_series(0, %s)", (max_clients - 1,))
         conn.execute(f"VACUUM ANALYZE {ROWS_TABLE}")
-        return conn.execute("SHOW server_version").fetchone()[0]
+        return conn.execute("SHOW server_version").fetchone()[0], ns_id
 
 
 def _log(message: str) -> None:
@@ -133,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
     """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
     pgbench = find_pgbench()
-    version = prepare(dsn, max(args.clients))
+    version, ns_id = prepare(dsn, max(args.clients))
     rows = []
     try:
         for clients in args.clients:
@@ -142,7 +150,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 names = list(SCRIPTS)
                 names = names[r % len(names) :] + names[: r % len(names)]
                 for name in names:
-                    tps[name].append(run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds))
+                    tps[name].append(
+                        run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds, {"ns_id": ns_id})
+                    )
                     _log(f"[pgbench] clients={clients} run {r + 1}/{args.runs} {name}: {tps[name][-1]:,.0f}")
             base = statistics.median(tps[BASELINE])
             rows.append(
@@ -168,9 +178,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
 
 
 def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[dict]) -> str:
-    kit, row = "pglockkit.xact_lock", "SELECT ... FOR UPDATE"
+    kit, hot, row = "pglockkit.xact_lock", "pglockkit.key hot loop", "SELECT ... FOR UPDATE"
     lines = [
-        "# pgbench: pglockkit.xact_lock vs pg_advisory_xact_lock vs SELECT ... FOR UPDATE",
+        "# pgbench: pglockkit.xact_lock and the hot-loop form vs pg_advisory_xact_lock and FOR UPDATE",
         "",
         f"- date: {env['date']}",
         f"- command: `{env['command']}`",
@@ -181,15 +191,17 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
         "",
         "tps median (min-max); ratio = median / median of the bare `pg_advisory_xact_lock` (1.0 = as fast).",
         "",
-        f"| clients | `pg_advisory_xact_lock` tps | `{kit}` tps | ratio | row `FOR UPDATE` tps | ratio |",
-        "|--:|--:|--:|--:|--:|--:|",
+        "Hot loop: `pg_advisory_xact_lock(pglockkit.key(ns_id, resource))`.",
+        "",
+        f"| clients | `pg_advisory_xact_lock` tps | `{kit}` tps | ratio | hot loop tps | ratio "
+        "| row `FOR UPDATE` tps | ratio |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r['clients']} | {spread(r['tps'][BASELINE])} | {spread(r['tps'][kit])} "
-            f"| {r['ratio_vs_advisory'][kit]:.2f} | {spread(r['tps'][row])} "
-            f"| {r['ratio_vs_advisory'][row]:.2f} |"
-        )
+        cells = [str(r["clients"]), spread(r["tps"][BASELINE])]
+        for name in (kit, hot, row):
+            cells += [spread(r["tps"][name]), f"{r['ratio_vs_advisory'][name]:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -8,8 +8,8 @@ another on the same server:
   independence, batch claim);
 - ``lease``: ``bench.lease_throughput`` (acquire + release vs a bare upsert);
 - ``monitoring``: ``bench.monitoring_cost`` (views and ``sample()`` vs the bare ``pg_locks`` join);
-- ``pgbench``: ``bench.pgbench_compare`` (``xact_lock`` vs ``pg_advisory_xact_lock`` vs
-  ``SELECT ... FOR UPDATE`` with pgbench);
+- ``pgbench``: ``bench.pgbench_compare`` (``xact_lock`` and the ``pglockkit.key`` hot-loop form vs
+  ``pg_advisory_xact_lock`` vs ``SELECT ... FOR UPDATE`` with pgbench);
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
 - ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
@@ -264,7 +264,7 @@ def _monitoring_rows(d: dict) -> list[Row]:
 def _pgbench_rows(d: dict) -> list[Row]:
     rows: list[Row] = []
     for r in d["rows"]:
-        for name in ("pglockkit.xact_lock", "SELECT ... FOR UPDATE"):
+        for name in ("pglockkit.xact_lock", "pglockkit.key hot loop", "SELECT ... FOR UPDATE"):
             rows.append(
                 (
                     "pgbench",

@@ -69,6 +69,7 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
     for row in pgbench["rows"]:
         assert set(row["median_tps"]) == {
             "pglockkit.xact_lock",
+            "pglockkit.key hot loop",
             "pg_advisory_xact_lock",
             "SELECT ... FOR UPDATE",
         }
