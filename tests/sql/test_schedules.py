@@ -7,6 +7,7 @@ schedule ``* * * * *`` has a slot every real second."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -17,13 +18,17 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+import pglockkit
+import pglockkit.aio as aio
+
 ROLES = {"sched_worker": "pglockkit_user", "sched_admin": "pglockkit_admin"}
 
 TICKER = r"""
 import sys, time
 from datetime import datetime, timedelta, UTC
 import psycopg
-dsn, base, t0, until = sys.argv[1], datetime.fromisoformat(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+dsn, base = sys.argv[1], datetime.fromisoformat(sys.argv[2])
+t0, until = float(sys.argv[3]), float(sys.argv[4])
 n = calls = 0
 with psycopg.connect(dsn, autocommit=True) as conn:
     while time.time() < until:
@@ -230,3 +235,58 @@ def test_workers_tick_and_read_admins_schedule(db, as_role):
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         worker.execute("UPDATE pglockkit.job_schedules SET next_run = now()")
     assert admin.execute("SELECT pglockkit.unschedule('s')").fetchone()[0] is True
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_worker_ticks_the_schedules_as_it_polls(db, asynchronous):
+    db.conn.execute("SELECT pglockkit.schedule('w', '* * * * *', 'ticked', '{\"to\": \"ana\"}')")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    _backdate(db, "w", now.replace(second=0, microsecond=0) - timedelta(minutes=1))
+    seen: list = []
+
+    def handler(job):
+        seen.append(job.payload)
+
+    async def ahandler(job):
+        seen.append(job.payload)
+
+    worker = pglockkit.Worker(db.dsn, "ticked", ahandler if asynchronous else handler)
+    timer = threading.Timer(10, worker.stop)
+    timer.start()
+    try:
+        assert worker.run(max_jobs=1) == 1
+    finally:
+        timer.cancel()
+    assert seen[0]["to"] == "ana" and seen[0]["_schedule"] == "w"
+
+
+def test_python_and_aio_calls(db):
+    conn = db.conn
+    next_run = pglockkit.schedule(
+        conn, "p", "*/5 * * * *", "q", {"a": 1}, timezone="Europe/Berlin", catch_up=3
+    )
+    assert (
+        next_run == pglockkit.cron_next(conn, "*/5 * * * *", None, "Europe/Berlin")
+        or next_run.minute % 5 == 0
+    )
+    [row] = pglockkit.schedules(conn)
+    assert (row["name"], row["payload"], row["catch_up"], row["next_run"]) == ("p", {"a": 1}, 3, next_run)
+    assert pglockkit.tick_schedules(conn) == 0
+    assert pglockkit.cron_next(conn, "0 0 1 1 *", datetime(2024, 6, 1, tzinfo=UTC)) == datetime(
+        2025, 1, 1, tzinfo=UTC
+    )
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as aconn:
+            assert [r["name"] for r in await aio.schedules(aconn)] == ["p"]
+            assert await aio.tick_schedules(aconn) == 0
+            assert await aio.schedule(aconn, "p2", "@daily", "q") is not None
+            assert await aio.unschedule(aconn, "p2") is True
+            assert await aio.cron_next(aconn, "@yearly", datetime(2024, 6, 1, tzinfo=UTC)) == datetime(
+                2025, 1, 1, tzinfo=UTC
+            )
+
+    asyncio.run(run())
+    assert pglockkit.unschedule(conn, "p") is True and pglockkit.unschedule(conn, "p") is False
+    with pytest.raises(pglockkit.InvalidArgument):
+        pglockkit.schedule(conn, "bad", "* * *", "q")
