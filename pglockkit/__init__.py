@@ -38,7 +38,7 @@ from pglockkit.locks import (
 from pglockkit.queue import Job
 from pglockkit.retry import backoff, retry
 from pglockkit.runs import finish_run, prune_runs, run_once, singleton, start_run
-from pglockkit.schedules import cron_next, schedule, schedules, tick_schedules, unschedule
+from pglockkit.scheduling import cron_next, schedule, schedules, tick_schedules, unschedule
 from pglockkit.worker import Worker
 
 __version__ = "0.1.0"

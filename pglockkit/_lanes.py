@@ -281,7 +281,7 @@ class Ticker:
     def failed(self, exc: Exception) -> None:
         if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
             self.enabled = False
-            log.warning("schedules not ticked: the database has no pglockkit.tick_schedules (pglockkit install)")
+            log.warning("schedules not ticked: no pglockkit.tick_schedules here (run pglockkit install)")
         else:
             log.warning("tick_schedules failed: %s", error_text(exc))
 

@@ -414,31 +414,31 @@ async def schedule(
     max_attempts: int = 5,
     catch_up: int = 1,
 ) -> datetime:
-    """``pglockkit.schedules.schedule``, async."""
+    """``pglockkit.scheduling.schedule``, async."""
     return await _calls.arun(
         conn, _calls.schedule(name, cron, queue, payload, timezone, priority, max_attempts, catch_up)
     )
 
 
 async def unschedule(conn: psycopg.AsyncConnection, name: str) -> bool:
-    """``pglockkit.schedules.unschedule``, async."""
+    """``pglockkit.scheduling.unschedule``, async."""
     return await _calls.arun(conn, _calls.unschedule(name))
 
 
 async def schedules(conn: psycopg.AsyncConnection) -> list[dict]:
-    """``pglockkit.schedules.schedules``, async."""
+    """``pglockkit.scheduling.schedules``, async."""
     return await _calls.arun(conn, _calls.schedules())
 
 
 async def tick_schedules(conn: psycopg.AsyncConnection) -> int:
-    """``pglockkit.schedules.tick_schedules``, async."""
+    """``pglockkit.scheduling.tick_schedules``, async."""
     return await _calls.arun(conn, _calls.tick_schedules())
 
 
 async def cron_next(
     conn: psycopg.AsyncConnection, cron: str, after: datetime | None = None, timezone: str = "UTC"
 ) -> datetime:
-    """``pglockkit.schedules.cron_next``, async."""
+    """``pglockkit.scheduling.cron_next``, async."""
     return await _calls.arun(conn, _calls.cron_next(cron, after, timezone))
 
 

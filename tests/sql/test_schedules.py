@@ -290,3 +290,44 @@ def test_python_and_aio_calls(db):
     assert pglockkit.unschedule(conn, "p") is True and pglockkit.unschedule(conn, "p") is False
     with pytest.raises(pglockkit.InvalidArgument):
         pglockkit.schedule(conn, "bad", "* * *", "q")
+
+
+def test_cli_schedule_list_unschedule_and_scheduler(db):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pglockkit.cli", *args, "--dsn", db.dsn],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    made = cli(
+        "schedule", "nightly", "0 2 * * *", "reports", "--payload", '{"k": 1}', "--timezone", "Europe/Berlin"
+    )
+    assert made.returncode == 0 and "next run" in made.stdout, made.stderr
+    assert "nightly" in cli("schedules").stdout
+    bad = cli("schedule", "x", "0 2 * *", "reports")
+    assert bad.returncode == 1 and "[22023]" in bad.stderr and "has 4 fields" in bad.stderr
+    last = db.conn.execute(
+        "SELECT pglockkit.cron_next('0 2 * * *', now() - interval '1 day', 'Europe/Berlin')"
+    )
+    _backdate(db, "nightly", last.fetchone()[0])  # its last slot, not enqueued yet
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pglockkit.cli", "scheduler", "--every", "0.1", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while (
+        time.monotonic() < deadline
+        and not db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0]
+    ):
+        time.sleep(0.1)
+    proc.terminate()  # SIGTERM: stops after the tick in progress
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "1 job(s) enqueued" in out
+    assert cli("unschedule", "nightly").returncode == 0
+    gone = cli("unschedule", "nightly")
+    assert gone.returncode == 1 and "no schedule named 'nightly'" in gone.stderr
