@@ -13,6 +13,7 @@ another on the same server:
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
 - ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
+- ``schedules``: ``bench.schedule_tick`` (a tick with 1,000 schedules, none due and all due).
 
 Each section has a time budget; the report flags a section that overran it. The defaults take about
 5 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
@@ -50,6 +51,7 @@ from bench import (
     peers,
     pgbench_compare,
     queue_throughput,
+    schedule_tick,
     worker_cost,
 )
 from bench.common import environment, spread
@@ -142,6 +144,16 @@ SECTIONS = [
         90,
     ),
 ]
+SECTIONS.append(
+    Section(
+        "schedules",
+        "Ticking 1,000 schedules: none due, all due",
+        schedule_tick,
+        ("--schedules", "1000", "--calls", "1000", "--runs", "3"),
+        ("--schedules", "20", "--calls", "20", "--runs", "1"),
+        60,
+    )
+)
 BY_NAME = {s.name: s for s in SECTIONS}
 
 
@@ -331,6 +343,25 @@ def _io_rows(d: dict) -> list[Row]:
     return rows
 
 
+def _schedule_rows(d: dict) -> list[Row]:
+    r = d["result"]
+    return [
+        (
+            "schedules",
+            f"tick with {r['schedules']:,} schedules, none due / no schedules, µs per round trip",
+            f"{r['idle_tick_us'] / r['empty_tick_us']:.2f} "
+            f"({r['idle_tick_us']:,.0f} vs {r['empty_tick_us']:,.0f})",
+            "1.0 = idle schedules cost nothing",
+        ),
+        (
+            "schedules",
+            f"tick with {r['schedules']:,} schedules all due (one job each)",
+            f"{r['all_due_tick_ms']:,.1f} ms ({r['all_due_per_schedule_us']:,.0f} µs per schedule)",
+            "cost per tick",
+        ),
+    ]
+
+
 SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "lock": _lock_rows,
     "queue": _queue_rows,
@@ -340,6 +371,7 @@ SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "peers": _peers_rows,
     "worker": _worker_rows,
     "io": _io_rows,
+    "schedules": _schedule_rows,
 }
 
 

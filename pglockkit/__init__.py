@@ -38,6 +38,7 @@ from pglockkit.locks import (
 from pglockkit.queue import Job
 from pglockkit.retry import backoff, retry
 from pglockkit.runs import finish_run, prune_runs, run_once, singleton, start_run
+from pglockkit.scheduling import cron_next, schedule, schedules, tick_schedules, unschedule
 from pglockkit.worker import Worker
 
 __version__ = "0.1.0"
@@ -66,6 +67,7 @@ __all__ = [
     "backoff",
     "check_fence",
     "connect",
+    "cron_next",
     "finish_run",
     "install",
     "lock_key",
@@ -80,12 +82,16 @@ __all__ = [
     "resolve_dsn",
     "retry",
     "run_once",
+    "schedule",
+    "schedules",
     "singleton",
     "sole_writer",
     "start_run",
     "status",
+    "tick_schedules",
     "try_xact_lock",
     "uninstall",
+    "unschedule",
     "xact_lock",
     "xact_lock_all",
 ]

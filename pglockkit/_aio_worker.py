@@ -31,6 +31,7 @@ from pglockkit._lanes import (
     HandlerEndedTransaction,
     Lane,
     Outcome,
+    Ticker,
     WorkerBase,
     is_async,
     outcome,
@@ -239,6 +240,7 @@ class Worker(WorkerBase):
 
     async def _listen(self, listener: psycopg.AsyncConnection, application_name: str) -> None:
         failures = 0
+        ticker = Ticker(self.settings.tick_schedules)
         try:
             while True:
                 try:
@@ -248,6 +250,13 @@ class Worker(WorkerBase):
                         failures = 0
                     async for _ in listener.notifies(timeout=1.0, stop_after=1):
                         self._notify()
+                    if ticker.due():
+                        try:
+                            await _calls.arun(listener, _calls.tick_schedules())
+                        except psycopg.OperationalError:
+                            raise
+                        except Exception as exc:
+                            ticker.failed(exc)
                 except psycopg.OperationalError as exc:
                     await listener.close()
                     failures = await self._pause(

@@ -574,3 +574,57 @@ def run_event(event: str, job: str, slot: str, run_id: int | None) -> None:
 
 def run_failure_detail(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {exc}"
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+SCHEDULE_COLUMNS = (
+    "name", "cron", "timezone", "queue", "payload", "priority", "max_attempts", "catch_up",
+    "next_run", "last_run", "last_job_id", "last_error",
+)  # fmt: skip
+
+
+def schedule(
+    name: str,
+    cron: str,
+    queue: str,
+    payload: Any,
+    timezone: str,
+    priority: int,
+    max_attempts: int,
+    catch_up: int,
+) -> Call[datetime]:
+    return Call(
+        "SELECT pglockkit.schedule(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            name,
+            cron,
+            queue,
+            Jsonb({} if payload is None else payload),
+            timezone,
+            priority,
+            max_attempts,
+            catch_up,
+        ),
+    )
+
+
+def unschedule(name: str) -> Call[bool]:
+    return Call("SELECT pglockkit.unschedule(%s)", (name,))
+
+
+def schedules() -> Call[list[dict]]:
+    return Call(
+        f"SELECT {', '.join(SCHEDULE_COLUMNS)} FROM pglockkit.schedules ORDER BY name",
+        decode=_dicts(SCHEDULE_COLUMNS),
+    )
+
+
+def tick_schedules() -> Call[int]:
+    return Call("SELECT pglockkit.tick_schedules()")
+
+
+def cron_next(cron: str, after: datetime | None, timezone: str) -> Call[datetime]:
+    if after is None:
+        return Call("SELECT pglockkit.cron_next(%s, clock_timestamp(), %s)", (cron, timezone))
+    return Call("SELECT pglockkit.cron_next(%s, %s, %s)", (cron, after, timezone))

@@ -146,6 +146,7 @@ class Settings:
     poll_interval: float
     reconnect_cap: float
     exactly_once: bool
+    tick_schedules: bool = True
 
     @classmethod
     def checked(
@@ -161,6 +162,7 @@ class Settings:
         poll_interval: float,
         reconnect_cap: float,
         exactly_once: bool,
+        tick_schedules: bool = True,
     ) -> Settings:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -186,8 +188,12 @@ class Settings:
             poll_interval,
             reconnect_cap,
             exactly_once,
+            tick_schedules,
         )
 
+
+# How often a worker process ticks the schedules (pglockkit.tick_schedules), at most.
+TICK_INTERVAL = 1.0
 
 # A worker's defaults (the CLI shows them).
 BATCH = 32
@@ -214,6 +220,7 @@ class WorkerBase:
         lease: float | timedelta = LEASE,
         poll_interval: float = 1.0,
         reconnect_cap: float = 10.0,
+        tick_schedules: bool = True,
     ):
         from pglockkit.leases import default_holder
 
@@ -229,6 +236,7 @@ class WorkerBase:
             "lease": lease,
             "poll_interval": poll_interval,
             "reconnect_cap": reconnect_cap,
+            "tick_schedules": tick_schedules,
         }
         self.settings = Settings.checked(queue, exactly_once=takes_connection(handler), **self.options)
         self.queue, self.name = queue, self.settings.name
@@ -253,6 +261,29 @@ class WorkerBase:
 
     def _ready(self) -> None:
         """The subclass's own state."""
+
+
+class Ticker:
+    """When a worker process ticks the schedules: at most every ``TICK_INTERVAL`` seconds, on
+    the LISTEN connection (idle between notifications, so the lanes never wait for a tick). A
+    database without ``tick_schedules`` (installed before schedules) turns ticking off, once."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._last = -TICK_INTERVAL
+
+    def due(self) -> bool:
+        if not self.enabled or time.monotonic() - self._last < TICK_INTERVAL:
+            return False
+        self._last = time.monotonic()
+        return True
+
+    def failed(self, exc: Exception) -> None:
+        if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
+            self.enabled = False
+            log.warning("schedules not ticked: no pglockkit.tick_schedules here (run pglockkit install)")
+        else:
+            log.warning("tick_schedules failed: %s", error_text(exc))
 
 
 class Budget:

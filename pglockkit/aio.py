@@ -49,6 +49,7 @@ __all__ = [
     "complete",
     "complete_many",
     "connect",
+    "cron_next",
     "enqueue",
     "enqueue_many",
     "extend",
@@ -69,11 +70,15 @@ __all__ = [
     "retry",
     "run_once",
     "runs",
+    "schedule",
+    "schedules",
     "set_server_keepalives",
     "singleton",
     "sole_writer",
     "start_run",
+    "tick_schedules",
     "try_xact_lock",
+    "unschedule",
     "xact_lock",
     "xact_lock_all",
 ]
@@ -392,6 +397,49 @@ async def cancel(conn: psycopg.AsyncConnection, job_id: int) -> bool:
 
 
 # --- runs -----------------------------------------------------------------------------------
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+async def schedule(
+    conn: psycopg.AsyncConnection,
+    name: str,
+    cron: str,
+    queue: str,
+    payload: Any = None,
+    *,
+    timezone: str = "UTC",
+    priority: int = 0,
+    max_attempts: int = 5,
+    catch_up: int = 1,
+) -> datetime:
+    """``pglockkit.scheduling.schedule``, async."""
+    return await _calls.arun(
+        conn, _calls.schedule(name, cron, queue, payload, timezone, priority, max_attempts, catch_up)
+    )
+
+
+async def unschedule(conn: psycopg.AsyncConnection, name: str) -> bool:
+    """``pglockkit.scheduling.unschedule``, async."""
+    return await _calls.arun(conn, _calls.unschedule(name))
+
+
+async def schedules(conn: psycopg.AsyncConnection) -> list[dict]:
+    """``pglockkit.scheduling.schedules``, async."""
+    return await _calls.arun(conn, _calls.schedules())
+
+
+async def tick_schedules(conn: psycopg.AsyncConnection) -> int:
+    """``pglockkit.scheduling.tick_schedules``, async."""
+    return await _calls.arun(conn, _calls.tick_schedules())
+
+
+async def cron_next(
+    conn: psycopg.AsyncConnection, cron: str, after: datetime | None = None, timezone: str = "UTC"
+) -> datetime:
+    """``pglockkit.scheduling.cron_next``, async."""
+    return await _calls.arun(conn, _calls.cron_next(cron, after, timezone))
 
 
 async def start_run(conn: psycopg.AsyncConnection, job: str, slot: str, holder: str) -> int | None:

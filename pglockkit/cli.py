@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs
+from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs, scheduling
 from pglockkit import _format as fmt
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
 from pglockkit._once import Once
@@ -23,6 +23,8 @@ from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
 from pglockkit.worker import Worker
+
+log = logging.getLogger("pglockkit.schedules")
 
 EPILOG = f"""\
 Connection: --dsn, else --embedded (the server `pglockkit up` started), else ${DSN_ENV},
@@ -210,6 +212,73 @@ def cmd_leases(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
         _print_table(_calls.RUN_COLUMNS, runs.runs(conn, args.job, args.limit))
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        next_run = scheduling.schedule(
+            conn,
+            args.name,
+            args.cron,
+            args.queue,
+            args.payload,
+            timezone=args.timezone,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            catch_up=args.catch_up,
+        )
+    print(f"schedule {args.name}: next run {next_run.isoformat()}")
+    return 0
+
+
+def cmd_unschedule(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        if scheduling.unschedule(conn, args.name):
+            print(f"schedule {args.name} removed")
+            return 0
+    print(f"pglockkit: no schedule named {args.name!r}", file=sys.stderr)
+    return 1
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        _print_table(_calls.SCHEDULE_COLUMNS, scheduling.schedules(conn))
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """Tick every `--every` seconds until SIGTERM/SIGINT (the tick in progress finishes)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    total = 0
+    conn = None
+    try:
+        while not stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(_dsn(args), autocommit=True, application_name="pglockkit scheduler")
+                n = scheduling.tick_schedules(conn)
+                total += n
+                if n:
+                    log.info("enqueued %d job(s) from schedules", n)
+            except psycopg.OperationalError as exc:
+                print(f"pglockkit scheduler: connection lost ({exc}); retrying", file=sys.stderr)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if args.once:
+                break
+            stop.wait(args.every)
+    finally:
+        if conn is not None:
+            conn.close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    print(f"pglockkit scheduler: {total} job(s) enqueued")
     return 0
 
 
@@ -449,6 +518,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="pglockkit_admin: also register namespaces, prune, retry dead jobs, sample",
     )
     p.add_argument("--revoke", action="store_true", help="take the role back instead")
+    p = add(
+        "schedule",
+        cmd_schedule,
+        "create or replace a schedule: a cron expression that enqueues a job at every slot",
+        parents=[conn_opts],
+        epilog="Example: pglockkit schedule nightly '0 2 * * *' reports --payload '{\"kind\": \"daily\"}' "
+        "--timezone Europe/Berlin. Fields: minute hour day-of-month month day-of-week (names, ranges "
+        "a-b, steps */n, lists a,b; @hourly, @daily, ...). Each job's payload gets _schedule and _slot. "
+        "Workers, `pglockkit scheduler` or SELECT pglockkit.tick_schedules() enqueue each slot once. "
+        "pglockkit_admin only.",
+    )
+    p.add_argument("name")
+    p.add_argument("cron", help="5-field cron expression, quoted")
+    p.add_argument("queue")
+    p.add_argument("--payload", type=_json, default={}, help="a JSON object (default {})")
+    p.add_argument("--timezone", default="UTC", help="IANA time zone the fields are read in (default UTC)")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--max-attempts", type=int, default=5)
+    p.add_argument(
+        "--catch-up",
+        type=int,
+        default=1,
+        metavar="N",
+        help="after downtime, enqueue the newest N missed slots (default 1: the latest only; up to 1000)",
+    )
+    p = add("unschedule", cmd_unschedule, "delete a schedule (exit 1 if there is none)", parents=[conn_opts])
+    p.add_argument("name")
+    add("schedules", cmd_schedules, "list the schedules with their next and last run", parents=[conn_opts])
+    p = add(
+        "scheduler",
+        cmd_scheduler,
+        "tick the schedules in a loop: enqueue each due slot as a job (once, whoever else ticks)",
+        parents=[conn_opts],
+        epilog="Workers tick too, about once a second; run this where no worker runs, or use pg_cron: "
+        "SELECT cron.schedule('pglockkit', '* * * * *', 'SELECT pglockkit.tick_schedules()'). "
+        "SIGTERM or SIGINT stops it after the tick in progress. Needs only pglockkit_user.",
+    )
+    p.add_argument(
+        "--every", type=float, default=1.0, metavar="SECONDS", help="seconds between ticks (default 1)"
+    )
+    p.add_argument("--once", action="store_true", help="tick once and exit")
     p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
     p.add_argument("--markdown", action="store_true", help="print the table for a service README")
     p = add(

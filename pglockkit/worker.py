@@ -34,6 +34,7 @@ from pglockkit._lanes import (
     HandlerEndedTransaction,
     Lane,
     Outcome,
+    Ticker,
     Watch,
     WorkerBase,
     is_async,
@@ -108,6 +109,10 @@ class Worker(WorkerBase):
     A lost connection (server restart, failover, terminated backend) is retried with full-jitter
     exponential backoff (0.1 s doubling up to ``reconnect_cap``); the open group's jobs go back by
     their lease. A first connection that fails raises at once (a wrong DSN is not an outage).
+
+    With ``tick_schedules`` (default), the process also ticks the database's schedules
+    (``pglockkit.tick_schedules``) about once a second on its LISTEN connection, so that due
+    slots become jobs while any worker runs; each slot is enqueued once however many tick.
 
     >>> def send(job, conn):  # doctest: +SKIP
     ...     conn.execute("INSERT INTO sent (job_id, email) VALUES (%s, %s)", (job.id, job.payload["to"]))
@@ -285,6 +290,7 @@ class Worker(WorkerBase):
     def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
         """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""
         failures = 0
+        ticker = Ticker(self.settings.tick_schedules)
         while any(t.is_alive() for t in lanes):
             try:
                 if listener.closed:
@@ -295,6 +301,13 @@ class Worker(WorkerBase):
                     failures = 0
                 for _ in listener.notifies(timeout=0.25, stop_after=1):
                     self._notify()
+                if ticker.due():
+                    try:
+                        _calls.run(listener, _calls.tick_schedules())
+                    except psycopg.OperationalError:
+                        raise
+                    except Exception as exc:
+                        ticker.failed(exc)
             except psycopg.OperationalError as exc:
                 listener.close()
                 failures = self._pause(failures, f"listen connection lost ({first_line(exc)}); reconnecting")

@@ -464,6 +464,17 @@ def fn(params, states, **kw):
     return Fn(tuple(params), frozenset(states), **kw)
 
 
+CRONS = (
+    "* * * * *",
+    "*/5 1-3 * jan-mar mon-fri",
+    "0 0 29 2 *",
+    "0 0 30 2 *",
+    "61 * * * *",
+    "@daily",
+    "* * * *",
+    "",
+)
+ZONES = ("UTC", "America/New_York", "Australia/Lord_Howe", "Foo/Bar", "")
 ns_p = ("ns", text_arg(NS))
 ns_id_p = ("ns_id", int_arg((1, 32767, 0, -1, 32768, 12870)))
 res_text = ("resource", text_arg(RES))
@@ -633,6 +644,33 @@ FUNCTIONS: dict[str, Fn] = {
     "contention_report(interval)": fn([("since", interval_arg(("1 hour", "0")), True)], {TOO_FAR}),
     "set_max_payload_bytes(integer)": fn(
         [("bytes", int_arg((4096, 4095, 1048576, 268435455, 268435456, 0)))], {NULL_, RANGE}
+    ),
+    # A time near either end of the timestamp range: the evaluator's look 3 hours around it is
+    # out of range (22008).
+    "cron_next(text, timestamp with time zone, text)": fn(
+        [
+            ("cron", text_arg(CRONS)),
+            ("after", arg(timestamptz_values()), True),
+            ("timezone", text_arg(ZONES), True),
+        ],
+        {NULL_, BAD, TOO_FAR},
+    ),
+    "schedule(text, text, text, jsonb, text, integer, integer, integer)": fn(
+        [
+            ("name", text_arg(("s1", "s2"), indexed=True)),
+            ("cron", text_arg(CRONS)),
+            new_queue_p,
+            ("payload", arg(jsonb_values()), True),
+            ("timezone", text_arg(ZONES), True),
+            ("priority", int_arg(), True),
+            ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
+            ("catch_up", int_arg((1, 5, 1000, 1001, 0)), True),
+        ],
+        {NULL_, BAD, RANGE, TOO_BIG},
+    ),
+    "unschedule(text)": fn([("name", text_arg(("s1", "s2")))], {NULL_}),
+    "tick_schedules(timestamp with time zone)": fn(
+        [("as_of", arg(timestamptz_values()), True)], {BAD, TOO_FAR}
     ),
 }
 

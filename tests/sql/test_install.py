@@ -192,7 +192,9 @@ ADMIN_ONLY = {
     "pglockkit.prune_runs",
     "pglockkit.retry_dead_jobs",
     "pglockkit.sample",
+    "pglockkit.schedule",
     "pglockkit.set_max_payload_bytes",
+    "pglockkit.unschedule",
 }
 
 
@@ -248,8 +250,11 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.renew_lease(text,text,bigint,interval)",
         "pglockkit.retry_dead_jobs(text,bigint[])",
         "pglockkit.sample(interval)",
+        "pglockkit.schedule(text,text,text,jsonb,text,integer,integer,integer)",
         "pglockkit.set_max_payload_bytes(integer)",
         "pglockkit.start_run(text,text,text)",
+        "pglockkit.tick_schedules(timestamp with time zone)",
+        "pglockkit.unschedule(text)",
     ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pglockkit
 import pglockkit.aio as aio
-from pglockkit import leases, locks, queue, runs
+from pglockkit import leases, locks, queue, runs, scheduling
 
 PACKAGE = Path(pglockkit.__file__).parent
 # Not database operations: the async module reuses them as they are.
@@ -35,7 +35,7 @@ def _shape(obj) -> list[tuple[str, object, object]]:
 
 def test_every_sync_operation_has_an_async_twin_with_the_same_signature():
     checked = []
-    for module in (locks, leases, queue, runs):
+    for module in (locks, leases, queue, runs, scheduling):
         for name, sync_obj in _public(module).items():
             if name == "Worker":
                 continue  # the async API has no worker loop (yet): run the sync Worker in a thread

@@ -1,0 +1,336 @@
+"""Schedules: each due slot enqueued exactly once whoever ticks (six processes racing), a schedule
+changed while they tick, catch-up after downtime, the jobs' payloads, bad input, privileges.
+
+The race runs on a test clock: ``tick_schedules(as_of)`` ticks as of a time no later than now,
+and the tickers pass a clock that starts an hour back and runs 60 times fast, so the per-minute
+schedule ``* * * * *`` has a slot every real second."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+import pglockkit
+import pglockkit.aio as aio
+
+ROLES = {"sched_worker": "pglockkit_user", "sched_admin": "pglockkit_admin"}
+
+TICKER = r"""
+import sys, time
+from datetime import datetime, timedelta, UTC
+import psycopg
+dsn, base = sys.argv[1], datetime.fromisoformat(sys.argv[2])
+t0, until = float(sys.argv[3]), float(sys.argv[4])
+n = calls = 0
+with psycopg.connect(dsn, autocommit=True) as conn:
+    while time.time() < until:
+        as_of = base + timedelta(seconds=(time.time() - t0) * 60)
+        n += conn.execute("SELECT pglockkit.tick_schedules(%s)", (as_of,)).fetchone()[0]
+        calls += 1
+        time.sleep(0.005)
+print(n, calls)
+"""
+
+
+def _backdate(db, name: str, to: datetime) -> None:
+    """Move a schedule into the test clock's past: its next run becomes `to` (a slot)."""
+    db.conn.execute("UPDATE pglockkit.job_schedules SET next_run = %s WHERE name = %s", (to, name))
+
+
+def _slots(db, queue: str) -> list[tuple[str, str]]:
+    return db.conn.execute(
+        "SELECT payload->>'_slot', payload->>'v' FROM pglockkit.jobs WHERE queue = %s ORDER BY id", (queue,)
+    ).fetchall()
+
+
+def test_six_processes_ticking_enqueue_each_slot_once_and_a_change_loses_none(db):
+    db.conn.execute("SELECT pglockkit.schedule('every', '* * * * *', 'q', '{\"v\": 1}', catch_up => 1000)")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    base = now.replace(second=0, microsecond=0) - timedelta(hours=1)
+    _backdate(db, "every", base)
+    t0 = time.time()
+    duration = 10.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TICKER, db.dsn, base.isoformat(), str(t0), str(t0 + duration)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    # Halfway, an admin replaces the schedule (new payload) while the six tick.
+    time.sleep(duration / 2)
+    with db.connect(autocommit=True) as admin:
+        next_run = admin.execute(
+            "SELECT pglockkit.schedule('every', '*/2 * * * *', 'q', '{\"v\": 2}', catch_up => 1000)"
+        ).fetchone()[0]
+        changed_at = admin.execute("SELECT clock_timestamp()").fetchone()[0]
+    out = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [err for _, err in out]
+    enqueued = sum(int(o.split()[0]) for o, _ in out)
+    calls = sum(int(o.split()[1]) for o, _ in out)
+
+    slots = _slots(db, "q")
+    # Every minute from base to the change, each once, all of the old definition: the tickers
+    # enqueued the first ~5 (one a second), schedule() the old definition's due rest up to now.
+    expected = []
+    t = base
+    while t <= changed_at:
+        expected.append((t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "1"))
+        t += timedelta(minutes=1)
+    assert slots == expected
+    by_tickers = enqueued
+    assert 3 <= by_tickers <= 12, by_tickers  # about one slot a second of the race's first half
+    assert calls > 100  # the tickers really raced: hundreds of ticks on one row
+    # The new definition runs from the first */2 slot after the change.
+    row = db.conn.execute(
+        "SELECT cron, payload, next_run FROM pglockkit.schedules WHERE name = 'every'"
+    ).fetchone()
+    assert row == ("*/2 * * * *", {"v": 2}, next_run)
+    assert (
+        next_run > changed_at and next_run.minute % 2 == 0 and next_run - changed_at <= timedelta(minutes=2)
+    )
+    # ... and a tick then enqueues the new payload for it (moved into the test clock's past).
+    # As of two minutes before next_run (not now: a minute may turn under a slow run): the 30
+    # slots from next_run - 60 min to next_run - 2 min.
+    _backdate(db, "every", next_run - timedelta(hours=1))
+    as_of = next_run - timedelta(minutes=2)
+    assert db.conn.execute("SELECT pglockkit.tick_schedules(%s)", (as_of,)).fetchone()[0] == 30
+    assert {v for _, v in _slots(db, "q")[len(expected) :]} == {"2"}
+
+
+def test_a_tick_waits_for_no_one_and_a_change_waits_for_the_tick(db):
+    """Explicit interleaving: A ticks (holds the row), B ticks (skips it, 0 at once), C replaces
+    the schedule (waits for A), A commits, C settles nothing twice."""
+    db.conn.execute("SELECT pglockkit.schedule('s', '* * * * *', 'q', catch_up => 1000)")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    _backdate(db, "s", now.replace(second=0, microsecond=0) - timedelta(minutes=10))
+    with db.connect(autocommit=False) as a, db.connect() as b, db.connect() as c:
+        assert a.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] in (10, 11)
+        b.execute("SET lock_timeout = '5s'")
+        started = time.monotonic()
+        assert b.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 0
+        assert time.monotonic() - started < 1
+        result: list = []
+
+        def change() -> None:
+            try:
+                result.append(
+                    c.execute("SELECT pglockkit.schedule('s', '* * * * *', 'q', '{\"v\": 2}')").fetchone()
+                )
+            except Exception as exc:  # shown by the assertion below
+                result.append(exc)
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        time.sleep(0.3)
+        assert not result, result
+        assert changer.is_alive()  # waiting for A's row lock
+        a.commit()
+        changer.join(10)
+        assert result
+    slots = [s for s, _ in _slots(db, "q")]
+    assert len(slots) == len(set(slots)) and len(slots) in (10, 11, 12)
+
+
+@pytest.mark.parametrize(("catch_up", "jobs"), [(None, 1), (10, 10), (1000, 30)])
+def test_after_downtime_the_latest_slot_only_or_the_newest_catch_up(db, catch_up, jobs):
+    args = "'s', '* * * * *', 'q'" + (f", catch_up => {catch_up}" if catch_up else "")
+    db.conn.execute(f"SELECT pglockkit.schedule({args})")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=30)
+    _backdate(db, "s", start)
+    as_of = start + timedelta(minutes=29, seconds=30)  # 30 slots due: start .. start + 29 min
+    assert db.conn.execute("SELECT pglockkit.tick_schedules(%s)", (as_of,)).fetchone()[0] == jobs
+    got = [s for s, _ in _slots(db, "q")]
+    newest = [(start + timedelta(minutes=29 - i)).strftime("%Y-%m-%dT%H:%M:%SZ") for i in range(jobs)]
+    assert got == sorted(newest)
+    row = db.conn.execute("SELECT next_run, last_run FROM pglockkit.schedules").fetchone()
+    assert row == (start + timedelta(minutes=30), start + timedelta(minutes=29))
+    assert db.conn.execute("SELECT pglockkit.tick_schedules(%s)", (as_of,)).fetchone()[0] == 0
+
+
+def test_the_job_carries_payload_slot_priority_and_max_attempts(db):
+    db.conn.execute(
+        "SELECT pglockkit.schedule('report', '0 9 * * *', 'reports', '{\"kind\": \"daily\"}', "
+        "'Europe/Berlin', priority => 7, max_attempts => 2)"
+    )
+    _backdate(db, "report", datetime(2024, 3, 31, 7, 0, tzinfo=UTC))  # 09:00 CEST
+    assert db.conn.execute("SELECT pglockkit.tick_schedules('2024-03-31 07:00:05Z')").fetchone()[0] == 1
+    payload, run_at, priority, max_attempts = db.conn.execute(
+        "SELECT payload, run_at, priority, max_attempts FROM pglockkit.jobs"
+    ).fetchone()
+    assert payload == {"kind": "daily", "_schedule": "report", "_slot": "2024-03-31T07:00:00Z"}
+    assert run_at == datetime(2024, 3, 31, 7, 0, tzinfo=UTC)
+    assert (priority, max_attempts) == (7, 2)
+    # The next run: 09:00 Berlin the next day.
+    assert db.conn.execute("SELECT next_run FROM pglockkit.schedules").fetchone()[0] == datetime(
+        2024, 4, 1, 7, 0, tzinfo=UTC
+    )
+
+
+def test_a_schedule_that_cannot_enqueue_skips_its_slot_and_says_why(db):
+    db.conn.execute("SELECT pglockkit.schedule('big', '* * * * *', 'q', %s)", (Jsonb({"x": "y" * 6000}),))
+    db.conn.execute("SELECT pglockkit.schedule('small', '* * * * *', 'q')")
+    db.conn.execute("SELECT pglockkit.set_max_payload_bytes(4096)")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    for name in ("big", "small"):
+        _backdate(db, name, now.replace(second=0, microsecond=0) - timedelta(minutes=1))
+    assert db.conn.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 1  # small's
+    error, next_run = db.conn.execute(
+        "SELECT last_error, next_run FROM pglockkit.schedules WHERE name = 'big'"
+    ).fetchone()
+    assert error.startswith("54000: job payload is") and next_run > now
+
+
+@pytest.mark.parametrize(
+    ("call", "state", "message"),
+    [
+        ("'s', '* * * *', 'q'", "22023", "has 4 fields"),
+        ("'s', '* * * * *', 'q', timezone => 'Mars/Olympus'", "22023", "time zone"),
+        ("'s', '* * * * *', 'q', '[1]'", "22023", "must be a JSON object"),
+        ("'s', '* * * * *', 'q', '{\"_slot\": 1}'", "22023", "must not have the keys"),
+        ("'', '* * * * *', 'q'", "22023", "name must be 1 to 1024 bytes"),
+        ("'s', '* * * * *', ''", "22023", "queue name must not be empty"),
+        ("'s', '* * * * *', 'q', catch_up => 0", "22003", "catch_up 0 is out of range"),
+        ("'s', '* * * * *', 'q', max_attempts => 1001", "22003", "max_attempts 1001"),
+        ("NULL, '* * * * *', 'q'", "22004", "must not be null"),
+        ("'s', NULL, 'q'", "22004", "cron must not be null"),
+        ("'s', '* * * * *', NULL", "22004", "queue must not be null"),
+    ],
+)
+def test_schedule_bad_input_changes_nothing(db, call, state, message):
+    db.conn.execute("SELECT pglockkit.schedule('s', '0 0 * * *', 'q')")
+    before = db.conn.execute("SELECT * FROM pglockkit.schedules").fetchall()
+    with pytest.raises(psycopg.Error, match=message) as err:
+        db.conn.execute(f"SELECT pglockkit.schedule({call})")
+    assert err.value.sqlstate == state
+    assert db.conn.execute("SELECT * FROM pglockkit.schedules").fetchall() == before
+
+
+def test_unschedule_says_whether_there_was_one_and_tick_refuses_the_future(db):
+    db.conn.execute("SELECT pglockkit.schedule('s', '0 0 * * *', 'q')")
+    assert db.conn.execute("SELECT pglockkit.unschedule('s')").fetchone()[0] is True
+    assert db.conn.execute("SELECT pglockkit.unschedule('s')").fetchone()[0] is False
+    with pytest.raises(psycopg.errors.NullValueNotAllowed):
+        db.conn.execute("SELECT pglockkit.unschedule(NULL)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="in the future"):
+        db.conn.execute("SELECT pglockkit.tick_schedules(now() + interval '1 minute')")
+
+
+def test_workers_tick_and_read_admins_schedule(db, as_role):
+    worker, admin = as_role("sched_worker"), as_role("sched_admin")
+    assert admin.execute("SELECT pglockkit.schedule('s', '* * * * *', 'q')").fetchone()[0] is not None
+    for stmt in ("SELECT pglockkit.schedule('t', '* * * * *', 'q')", "SELECT pglockkit.unschedule('s')"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker.execute(stmt)
+    assert worker.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 0
+    assert worker.execute("SELECT name, queue FROM pglockkit.schedules").fetchall() == [("s", "q")]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        worker.execute("UPDATE pglockkit.job_schedules SET next_run = now()")
+    assert admin.execute("SELECT pglockkit.unschedule('s')").fetchone()[0] is True
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_worker_ticks_the_schedules_as_it_polls(db, asynchronous):
+    db.conn.execute("SELECT pglockkit.schedule('w', '* * * * *', 'ticked', '{\"to\": \"ana\"}')")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    _backdate(db, "w", now.replace(second=0, microsecond=0) - timedelta(minutes=1))
+    seen: list = []
+
+    def handler(job):
+        seen.append(job.payload)
+
+    async def ahandler(job):
+        seen.append(job.payload)
+
+    worker = pglockkit.Worker(db.dsn, "ticked", ahandler if asynchronous else handler)
+    timer = threading.Timer(10, worker.stop)
+    timer.start()
+    try:
+        assert worker.run(max_jobs=1) == 1
+    finally:
+        timer.cancel()
+    assert seen[0]["to"] == "ana" and seen[0]["_schedule"] == "w"
+
+
+def test_python_and_aio_calls(db):
+    conn = db.conn
+    next_run = pglockkit.schedule(
+        conn, "p", "*/5 * * * *", "q", {"a": 1}, timezone="Europe/Berlin", catch_up=3
+    )
+    assert (
+        next_run == pglockkit.cron_next(conn, "*/5 * * * *", None, "Europe/Berlin")
+        or next_run.minute % 5 == 0
+    )
+    [row] = pglockkit.schedules(conn)
+    assert (row["name"], row["payload"], row["catch_up"], row["next_run"]) == ("p", {"a": 1}, 3, next_run)
+    assert pglockkit.tick_schedules(conn) == 0
+    assert pglockkit.cron_next(conn, "0 0 1 1 *", datetime(2024, 6, 1, tzinfo=UTC)) == datetime(
+        2025, 1, 1, tzinfo=UTC
+    )
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as aconn:
+            assert [r["name"] for r in await aio.schedules(aconn)] == ["p"]
+            assert await aio.tick_schedules(aconn) == 0
+            assert await aio.schedule(aconn, "p2", "@daily", "q") is not None
+            assert await aio.unschedule(aconn, "p2") is True
+            assert await aio.cron_next(aconn, "@yearly", datetime(2024, 6, 1, tzinfo=UTC)) == datetime(
+                2025, 1, 1, tzinfo=UTC
+            )
+
+    asyncio.run(run())
+    assert pglockkit.unschedule(conn, "p") is True and pglockkit.unschedule(conn, "p") is False
+    with pytest.raises(pglockkit.InvalidArgument):
+        pglockkit.schedule(conn, "bad", "* * *", "q")
+
+
+def test_cli_schedule_list_unschedule_and_scheduler(db):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pglockkit.cli", *args, "--dsn", db.dsn],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    made = cli(
+        "schedule", "nightly", "0 2 * * *", "reports", "--payload", '{"k": 1}', "--timezone", "Europe/Berlin"
+    )
+    assert made.returncode == 0 and "next run" in made.stdout, made.stderr
+    assert "nightly" in cli("schedules").stdout
+    bad = cli("schedule", "x", "0 2 * *", "reports")
+    assert bad.returncode == 1 and "[22023]" in bad.stderr and "has 4 fields" in bad.stderr
+    last = db.conn.execute(
+        "SELECT pglockkit.cron_next('0 2 * * *', now() - interval '1 day', 'Europe/Berlin')"
+    )
+    _backdate(db, "nightly", last.fetchone()[0])  # its last slot, not enqueued yet
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pglockkit.cli", "scheduler", "--every", "0.1", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while (
+        time.monotonic() < deadline
+        and not db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0]
+    ):
+        time.sleep(0.1)
+    proc.terminate()  # SIGTERM: stops after the tick in progress
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "1 job(s) enqueued" in out
+    assert cli("unschedule", "nightly").returncode == 0
+    gone = cli("unschedule", "nightly")
+    assert gone.returncode == 1 and "no schedule named 'nightly'" in gone.stderr
