@@ -5,13 +5,17 @@ become the result, and which structured log event a success or a failure emits. 
 happen when a call is built. ``run`` executes a call on a ``psycopg.Connection`` (the sync
 modules), ``arun`` on a ``psycopg.AsyncConnection`` (``pglockkit.aio``); both translate errors
 by SQLSTATE the same way. Nothing else in the package holds SQL for these operations.
+
+An operation that needs more than one statement, chosen by the results of the first, is a
+generator of ``Call``s (``Steps``): it yields a call, receives its result, and returns the
+operation's result. ``run`` and ``arun`` drive it, so that it is written once for both drivers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -21,8 +25,10 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from pglockkit import _nscache
 from pglockkit.connection import SERVER_KEEPALIVES
 from pglockkit.errors import LockTimeout, PoolerDetected, translated
+from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -57,8 +63,19 @@ class Call(Generic[T]):
     failed: Callable[[Exception, float], T] | None = None
 
 
-def run(conn: psycopg.Connection, call: Call[T]) -> T:
-    """Execute ``call`` on a sync connection."""
+Steps = Generator["Call[Any]", Any, T]
+
+
+def run(conn: psycopg.Connection, call: Call[T] | Steps[T]) -> T:
+    """Execute ``call`` (or every call of ``Steps``) on a sync connection."""
+    if not isinstance(call, Call):
+        result = None
+        while True:
+            try:
+                step = call.send(result)
+            except StopIteration as stop:
+                return stop.value
+            result = run(conn, step)
     started = time.monotonic()
     try:
         with translated():
@@ -70,8 +87,16 @@ def run(conn: psycopg.Connection, call: Call[T]) -> T:
     return _finish(call, rows, started)
 
 
-async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
-    """Execute ``call`` on an async connection."""
+async def arun(conn: psycopg.AsyncConnection, call: Call[T] | Steps[T]) -> T:
+    """Execute ``call`` (or every call of ``Steps``) on an async connection."""
+    if not isinstance(call, Call):
+        result = None
+        while True:
+            try:
+                step = call.send(result)
+            except StopIteration as stop:
+                return stop.value
+            result = await arun(conn, step)
     started = time.monotonic()
     try:
         with translated():
@@ -170,6 +195,8 @@ def _ms(elapsed: float) -> float:
 
 def lock_event(event: str, ns: str, resource: object, key: int | None, **fields: object) -> None:
     """The structured record of an acquisition, skip, timeout or release (``record.pglockkit``)."""
+    if not locks_log.isEnabledFor(logging.INFO):
+        return  # nobody listens: the record is not worth building on every lock call
     data = {"event": event, "namespace": ns, "resource": resource, "key": key, **fields}
     text = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
     locks_log.info("%s", text, extra={"pglockkit": data})
@@ -214,33 +241,101 @@ def resource_key(ns: str, resource: str | int) -> Call[int]:
     return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
 
 
-def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
+# The lock helpers' fast path (issue 16): the key computed here from a cached namespace id, and one
+# statement that only tries it. Schema-qualified: a caller's search_path cannot put another
+# pg_try_advisory_xact_lock before pg_catalog's.
+TRY_KEY = "SELECT pg_catalog.pg_try_advisory_xact_lock(%s)"
+# Which database a connection reaches, returned by the SQL lock calls for the namespace-id cache.
+DATABASE_IDENTITY = (
+    "(SELECT d.oid FROM pg_catalog.pg_database d"
+    " WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()),"
+    " pg_catalog.pg_postmaster_start_time()"
+)
+_LONGEST_WAIT = timedelta(days=24)  # _check_timeout's limit: PostgreSQL cannot time a longer wait
+
+
+def _row(rows: Rows) -> tuple[Any, ...]:
+    return rows[0]
+
+
+def _utf8(conn: AnyConnection) -> bool:
+    """Whether text goes to the server and is stored unchanged: sha256 of its UTF-8 bytes, as SQL
+    hashes it, is then what the server would hash (or refuse the same way)."""
+    info = conn.info
+    return info.encoding == "utf-8" and info.parameter_status("server_encoding") == "UTF8"
+
+
+def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
+    """The key of ``resource`` from the cached id of ``ns``; None where the server must decide: no
+    id cached (or it is due for a refresh), or an input the SQL function refuses or might convert
+    (these take the SQL call, which raises today's errors)."""
+    if type(ns) is not str:
+        return None
+    if type(resource) is str:
+        if "\x00" in resource or not (resource.isascii() or _utf8(conn)):
+            return None
+    elif type(resource) is not int or not 0 <= resource < INT_RESOURCE_LIMIT:
+        return None
+    ns_id = _nscache.cached_id(conn, ns)
+    return None if ns_id is None else lock_key(ns_id, resource)
+
+
+def _learn(conn: AnyConnection, ns: str, key: int, db_oid: int, server_started: Any) -> None:
+    _nscache.learn(conn, ns, key >> 48, db_oid, server_started)
+
+
+def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Steps[bool]:
+    """One ``pg_try_advisory_xact_lock`` of the locally computed key when the namespace id is
+    cached; else ``pglockkit.try_xact_lock``, which also tells the id."""
     require_transaction(conn, "try_xact_lock")
-    return Call(
-        "SELECT pglockkit.try_xact_lock(%s, %s)",
-        (ns, resource),
-        done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, None, scope="xact"),
-    )
+    key = _local_key(conn, ns, resource)
+    if key is not None:
+        got = yield Call(TRY_KEY, (key,))
+    else:
+        got, key, *database = yield Call(
+            f"SELECT pglockkit.try_xact_lock(%s, %s), pglockkit.lock_key(%s, %s), {DATABASE_IDENTITY}",
+            (ns, resource, ns, resource),
+            decode=_row,
+        )
+        _learn(conn, ns, key, *database)
+    lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
+    return got
 
 
-def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Call[int]:
+def _wait_checked_locally(wait: timedelta | None) -> bool:
+    """A timeout that ``pglockkit.xact_lock`` accepts (it raises 22023 or 22003 for the others)."""
+    return wait is None or timedelta(0) < wait <= _LONGEST_WAIT
+
+
+def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Steps[int]:
+    """One ``pg_try_advisory_xact_lock`` of the locally computed key when the namespace id is
+    cached; if that lock is held, or no id is cached, ``pglockkit.xact_lock``, which waits with the
+    timeout (else the namespace's, else the server's), names the holder in its 55P03, and tells
+    the id."""
     require_transaction(conn, "xact_lock")
+    wait = interval(timeout)
+    started = time.monotonic()
+    key = _local_key(conn, ns, resource) if _wait_checked_locally(wait) else None
+    if key is not None and (yield Call(TRY_KEY, (key,))):
+        lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
+        return key
 
-    def failed(exc: Exception, elapsed: float) -> int:
+    def failed(exc: Exception, _: float) -> tuple[Any, ...]:
         if isinstance(exc, LockTimeout):
             if timeout is not None:
                 exc.retry_after = seconds(timeout).total_seconds()
-            lock_event("timeout", ns, resource, None, scope="xact", wait_ms=_ms(elapsed))
+            lock_event("timeout", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
         raise exc
 
-    return Call(
-        "SELECT pglockkit.xact_lock(%s, %s, %s)",
-        (ns, resource, interval(timeout)),
-        done=lambda key, elapsed: lock_event(
-            "acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed)
-        ),
+    key, *database = yield Call(
+        f"SELECT pglockkit.xact_lock(%s, %s, %s), {DATABASE_IDENTITY}",
+        (ns, resource, wait),
+        decode=_row,
         failed=failed,
     )
+    _learn(conn, ns, key, *database)
+    lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
+    return key
 
 
 def xact_lock_all(

@@ -1,7 +1,10 @@
 """Advisory-lock helpers: thin wrappers over the SQL functions, with structured logging.
 
-Every function here is one SQL call, described in ``pglockkit._calls`` (shared with
-``pglockkit.aio``). Lock keys, ordering, timeouts and errors are decided in SQL.
+Every function here runs a call description of ``pglockkit._calls`` (shared with
+``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
+id cached per process (``pglockkit._nscache``) and take a free lock with one
+``pg_try_advisory_xact_lock``; a held lock, a namespace not cached and bad input go to the SQL
+functions, which decide waits, timeouts and errors, as every other function here does.
 """
 
 from __future__ import annotations
