@@ -11,7 +11,8 @@ server's start time, which the learning call returns. A connection's first lock 
 SQL one, so a database dropped and created again under the same name (test suites do this), or
 another server on the same port, never gets the ids cached for the old one.
 
-Thread-safe, and never blocks for I/O: the sync and async helpers share it.
+Thread-safe, and never blocks for I/O or holds its lock across a call: the sync and async
+helpers share it.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ _ids: dict[tuple[Database, str], tuple[int, float]] = {}  # (database, namespace
 
 def cached_id(conn: Any, ns: str) -> int | None:
     """The id of namespace ``ns`` in ``conn``'s database, or None if unknown or due for a refresh."""
-    with _lock:
-        database = _databases.get(conn)
-        entry = None if database is None else _ids.get((database, ns))
+    # No lock: each lookup is one dict read, atomic with or without the GIL; this is every lock
+    # call's path. Writers take the lock because pruning reads and deletes many entries.
+    database = _databases.get(conn)
+    entry = None if database is None else _ids.get((database, ns))
     if entry is None or time.monotonic() - entry[1] > REFRESH_S:
         return None
     return entry[0]
