@@ -16,7 +16,8 @@ What is measured
    - the Python helper ``pglockkit.xact_lock(conn, 'bench', resource)`` vs
      ``conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))``: what a Python caller pays for
      naming a lock. The helper computes the key locally from the namespace id it caches per
-     process and takes a free lock with one ``pg_try_advisory_xact_lock``; the baseline's keys
+     process and sends one statement that, for a free lock, costs the server one
+     ``pg_try_advisory_xact_lock``; the baseline's keys
      are precomputed, so it costs only the call. Both sides go through psycopg's
      ``conn.execute`` (a cursor per call), as a caller's code would.
 

@@ -5,17 +5,13 @@ become the result, and which structured log event a success or a failure emits. 
 happen when a call is built. ``run`` executes a call on a ``psycopg.Connection`` (the sync
 modules), ``arun`` on a ``psycopg.AsyncConnection`` (``pglockkit.aio``); both translate errors
 by SQLSTATE the same way. Nothing else in the package holds SQL for these operations.
-
-An operation that needs more than one statement, chosen by the results of the first, is a
-generator of ``Call``s (``Steps``): it yields a call, receives its result, and returns the
-operation's result. ``run`` and ``arun`` drive it, so that it is written once for both drivers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -63,19 +59,8 @@ class Call(Generic[T]):
     failed: Callable[[Exception, float], T] | None = None
 
 
-Steps = Generator["Call[Any]", Any, T]
-
-
-def run(conn: psycopg.Connection, call: Call[T] | Steps[T]) -> T:
-    """Execute ``call`` (or every call of ``Steps``) on a sync connection."""
-    if not isinstance(call, Call):
-        result = None
-        while True:
-            try:
-                step = call.send(result)
-            except StopIteration as stop:
-                return stop.value
-            result = run(conn, step)
+def run(conn: psycopg.Connection, call: Call[T]) -> T:
+    """Execute ``call`` on a sync connection."""
     started = time.monotonic()
     try:
         with translated():
@@ -87,16 +72,8 @@ def run(conn: psycopg.Connection, call: Call[T] | Steps[T]) -> T:
     return _finish(call, rows, started)
 
 
-async def arun(conn: psycopg.AsyncConnection, call: Call[T] | Steps[T]) -> T:
-    """Execute ``call`` (or every call of ``Steps``) on an async connection."""
-    if not isinstance(call, Call):
-        result = None
-        while True:
-            try:
-                step = call.send(result)
-            except StopIteration as stop:
-                return stop.value
-            result = await arun(conn, step)
+async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
+    """Execute ``call`` on an async connection."""
     started = time.monotonic()
     try:
         with translated():
@@ -241,21 +218,24 @@ def resource_key(ns: str, resource: str | int) -> Call[int]:
     return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
 
 
-# The lock helpers' fast path (issue 16): the key computed here from a cached namespace id, and one
-# statement that only tries it. Schema-qualified: a caller's search_path cannot put another
-# pg_try_advisory_xact_lock before pg_catalog's.
+# The lock helpers' fast path (issue 16): the key is computed here from the namespace id cached
+# per process (pglockkit._nscache), and one statement tries it. xact_lock's statement falls back,
+# in the same statement, to pglockkit.xact_lock (which waits, with the namespace's lock_timeout as
+# it is then, and raises 55P03 naming the holder) only when the key is held: CASE evaluates its
+# ELSE branch only when needed, so a free lock costs the server one pg_try_advisory_xact_lock.
+# Schema-qualified: a caller's search_path cannot put another function before pg_catalog's.
 TRY_KEY = "SELECT pg_catalog.pg_try_advisory_xact_lock(%s)"
-# Which database a connection reaches, returned by the SQL lock calls for the namespace-id cache.
+KEY_OR_WAIT = (
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(%s) THEN %s"  # free: its key
+    " ELSE pglockkit.xact_lock(%s, %s, %s) END"  # held: wait as before
+)
+# Which database a connection reaches, returned with the SQL lock calls for the namespace-id cache.
 DATABASE_IDENTITY = (
     "(SELECT d.oid FROM pg_catalog.pg_database d"
     " WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()),"
     " pg_catalog.pg_postmaster_start_time()"
 )
 _LONGEST_WAIT = timedelta(days=24)  # _check_timeout's limit: PostgreSQL cannot time a longer wait
-
-
-def _row(rows: Rows) -> tuple[Any, ...]:
-    return rows[0]
 
 
 def _utf8(conn: AnyConnection) -> bool:
@@ -280,26 +260,37 @@ def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
     return None if ns_id is None else lock_key(ns_id, resource)
 
 
-def _learn(conn: AnyConnection, ns: str, key: int, db_oid: int, server_started: Any) -> None:
+def _learnt(conn: AnyConnection, ns: str, rows: Rows) -> tuple[Any, ...]:
+    """The row of a SQL lock call, after recording what its last three columns tell: the key (whose
+    high 16 bits are the namespace id) and the database's identity."""
+    row = rows[0]
+    key, db_oid, server_started = row[-3:]
     _nscache.learn(conn, ns, key >> 48, db_oid, server_started)
+    return row
 
 
-def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Steps[bool]:
-    """One ``pg_try_advisory_xact_lock`` of the locally computed key when the namespace id is
-    cached; else ``pglockkit.try_xact_lock``, which also tells the id."""
+def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
+    """One ``pg_try_advisory_xact_lock`` of the key computed here when the namespace id is cached;
+    else ``pglockkit.try_xact_lock``, with ``lock_key`` for the cache."""
     require_transaction(conn, "try_xact_lock")
     key = _local_key(conn, ns, resource)
     if key is not None:
-        got = yield Call(TRY_KEY, (key,))
-    else:
-        got, key, *database = yield Call(
-            f"SELECT pglockkit.try_xact_lock(%s, %s), pglockkit.lock_key(%s, %s), {DATABASE_IDENTITY}",
-            (ns, resource, ns, resource),
-            decode=_row,
+        return Call(
+            TRY_KEY,
+            (key,),
+            done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact"),
         )
-        _learn(conn, ns, key, *database)
-    lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
-    return got
+
+    def decode(rows: Rows) -> bool:
+        got, key, *_ = _learnt(conn, ns, rows)
+        lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
+        return got
+
+    return Call(
+        f"SELECT pglockkit.try_xact_lock(%s, %s), pglockkit.lock_key(%s, %s), {DATABASE_IDENTITY}",
+        (ns, resource, ns, resource),
+        decode=decode,
+    )
 
 
 def _wait_checked_locally(wait: timedelta | None) -> bool:
@@ -307,35 +298,32 @@ def _wait_checked_locally(wait: timedelta | None) -> bool:
     return wait is None or timedelta(0) < wait <= _LONGEST_WAIT
 
 
-def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Steps[int]:
-    """One ``pg_try_advisory_xact_lock`` of the locally computed key when the namespace id is
-    cached; if that lock is held, or no id is cached, ``pglockkit.xact_lock``, which waits with the
-    timeout (else the namespace's, else the server's), names the holder in its 55P03, and tells
-    the id."""
+def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Call[int]:
+    """When the namespace id is cached: the key computed here, tried, and only if it is held
+    ``pglockkit.xact_lock`` (one statement). Else ``pglockkit.xact_lock``, for the cache too."""
     require_transaction(conn, "xact_lock")
     wait = interval(timeout)
-    started = time.monotonic()
     key = _local_key(conn, ns, resource) if _wait_checked_locally(wait) else None
-    if key is not None and (yield Call(TRY_KEY, (key,))):
-        lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
-        return key
 
-    def failed(exc: Exception, _: float) -> tuple[Any, ...]:
+    def failed(exc: Exception, elapsed: float) -> int:
         if isinstance(exc, LockTimeout):
             if timeout is not None:
                 exc.retry_after = seconds(timeout).total_seconds()
-            lock_event("timeout", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
+            lock_event("timeout", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
         raise exc
 
-    key, *database = yield Call(
+    def done(key: int, elapsed: float) -> None:
+        lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
+
+    if key is not None:
+        return Call(KEY_OR_WAIT, (key, key, ns, resource, wait), done=done, failed=failed)
+    return Call(
         f"SELECT pglockkit.xact_lock(%s, %s, %s), {DATABASE_IDENTITY}",
         (ns, resource, wait),
-        decode=_row,
+        decode=lambda rows: _learnt(conn, ns, rows)[0],
+        done=done,
         failed=failed,
     )
-    _learn(conn, ns, key, *database)
-    lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(time.monotonic() - started))
-    return key
 
 
 def xact_lock_all(

@@ -1,9 +1,9 @@
 """Namespace ids cached per process, so that the lock helpers take a free lock in one round trip.
 
 ``try_xact_lock`` and ``xact_lock`` compute a key locally (``keys.lock_key``) from the namespace's
-id and send only ``pg_try_advisory_xact_lock(key)``. The id is learnt from the ordinary SQL call
+id and send a statement that tries it (``pglockkit._calls``). The id is learnt from the SQL call
 (``pglockkit.xact_lock`` or ``try_xact_lock``) that a helper makes when it has no id, or one older
-than ``REFRESH_S``: that call is the one it would have made anyway, so a miss costs no extra round
+than ``REFRESH_S``: that call is the one it made before the cache, so a miss costs no extra round
 trip, and every error of an unknown namespace or bad input is the server's own.
 
 Ids are kept per database: host, port and dbname of the connection, and the database's oid and the

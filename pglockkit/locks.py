@@ -2,9 +2,9 @@
 
 Every function here runs a call description of ``pglockkit._calls`` (shared with
 ``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
-id cached per process (``pglockkit._nscache``) and take a free lock with one
-``pg_try_advisory_xact_lock``; a held lock, a namespace not cached and bad input go to the SQL
-functions, which decide waits, timeouts and errors, as every other function here does.
+id cached per process (``pglockkit._nscache``) and try it in one statement, in which
+``xact_lock`` calls the SQL function only if the key is held; a namespace not cached and bad input
+go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every function here.
 """
 
 from __future__ import annotations
