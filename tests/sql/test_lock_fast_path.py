@@ -1,6 +1,7 @@
-"""The Python lock helpers' fast path (issue 16): a free lock in one round trip, with a key computed
-locally from the namespace id cached per process and database; held locks, namespaces not cached
-and bad input go to the SQL functions, as before. Each test runs the sync helpers and their
+"""The Python lock helpers' fast path (issue 16): one round trip, with a key computed locally from
+the namespace id cached per process and database, that costs the server one try when the lock is
+free (a held lock waits in SQL, in the same statement); namespaces not cached and bad input go to
+the SQL functions, as before. Each test runs the sync helpers and their
 ``pglockkit.aio`` twins through one client class (one suite, both drivers), on both servers.
 Round trips are counted from libpq's protocol trace, locks read from ``pg_locks`` by another
 connection."""
@@ -246,8 +247,10 @@ def test_an_id_changed_by_hand_is_seen_after_the_refresh_interval(db, client, mo
     c.rollback()
     db.conn.execute("DELETE FROM pglockkit.namespaces WHERE name = 'moved'")
     db.conn.execute("SELECT pglockkit.register_namespace('moved', 202)")
-    # The documented trade-off: until the interval has passed, the cached id is used.
+    # The documented trade-off: until the interval has passed, the cached id is used. (And the
+    # statement's fallback to pglockkit.xact_lock, which would take the new key, did not run.)
     assert c.xact_lock("moved", "r") == lock_key(101, "r")
+    assert held(db.conn, c.pid) == {lock_key(101, "r")}
     c.rollback()
     monkeypatch.setattr(_nscache, "REFRESH_S", 0.0)
     assert c.xact_lock("moved", "r") == lock_key(202, "r") == sql_key(db.conn, "moved", "r")
