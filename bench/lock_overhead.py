@@ -12,7 +12,14 @@ What is measured
    - ``pglockkit.xact_lock('bench', %s)`` vs ``pg_advisory_xact_lock(%s)``;
    - ``pglockkit.try_xact_lock('bench', %s)`` vs the same ``pg_advisory_xact_lock(%s)`` runs;
    - ``pglockkit.xact_lock_all('bench', %s::text[])`` with 4 resources vs
-     ``SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) k`` with their 4 keys.
+     ``SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) k`` with their 4 keys;
+   - the Python helper ``pglockkit.xact_lock(conn, 'bench', resource)`` vs
+     ``conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))``: what a Python caller pays for
+     naming a lock. The helper computes the key locally from the namespace id it caches per
+     process and sends one statement that, for a free lock, costs the server one
+     ``pg_try_advisory_xact_lock``; the baseline's keys
+     are precomputed, so it costs only the call. Both sides go through psycopg's
+     ``conn.execute`` (a cursor per call), as a caller's code would.
 
    For every client count, each statement runs ``--runs`` times for ``--seconds``; within a run
    the baseline and the pglockkit statements alternate (in a rotated order from run to run), so
@@ -46,7 +53,7 @@ Reproduce
     python -m bench.lock_overhead --dsn postgresql://user@host/db   # installs pglockkit if missing
 
 Without ``--dsn`` or ``--embedded`` the DSN is ``$PGLOCKKIT_DSN``, else libpq's ``PG*`` variables.
-The defaults (2 s per run, clients 1 and 4, 3 runs: 5 statements x 2 x 3 runs) take about 65 s.
+The defaults (2 s per run, clients 1 and 4, 3 runs: 7 statements x 2 x 3 runs) take about 90 s.
 
 The markdown report goes to stdout, the full results (every run) to
 ``bench/results/lock_overhead.json``.
@@ -81,13 +88,19 @@ APPLICATION_NAME = "pglockkit bench lock_overhead"
 Params = tuple[Any, ...]
 
 
+def _execute(conn: psycopg.Connection, cur: psycopg.Cursor, sql: str, params: Params) -> None:
+    cur.execute(sql, params)
+
+
 @dataclass(frozen=True)
 class Statement:
-    """One SQL statement run once per transaction, with per-client parameters."""
+    """One SQL statement (or Python call) run once per transaction, with per-client parameters."""
 
     label: str
     sql: str
     params: Callable[[int, int], Params]  # (client index, namespace id) -> bound parameters
+    # How one transaction's statement runs: by default ``sql`` on the client's one cursor.
+    run: Callable[[psycopg.Connection, psycopg.Cursor, str, Params], None] = _execute
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,23 @@ def workloads() -> list[Workload]:
             ),
         ),
         Workload(
+            "Python helper",
+            Statement(
+                "conn.execute(pg_advisory_xact_lock(key))",
+                "SELECT pg_advisory_xact_lock(%s)",
+                lambda c, ns_id: (pglockkit.lock_key(ns_id, _resource(c)),),
+                lambda conn, _cur, sql, params: conn.execute(sql, params),
+            ),
+            (
+                Statement(
+                    "pglockkit.xact_lock(conn, ns, text)",
+                    "",
+                    lambda c, _ns_id: (_resource(c),),
+                    lambda conn, _cur, _sql, params: pglockkit.xact_lock(conn, NAMESPACE, *params),
+                ),
+            ),
+        ),
+        Workload(
             "4 locks",
             four_keys,
             (
@@ -191,14 +221,9 @@ def _connect(dsn: str) -> psycopg.Connection:
     return psycopg.connect(dsn, autocommit=False, application_name=APPLICATION_NAME)
 
 
-def _transaction(conn: psycopg.Connection, cur: psycopg.Cursor, sql: str, params: Params) -> None:
-    cur.execute(sql, params)
-    conn.commit()
-
-
 def _client(
     conn: psycopg.Connection,
-    sql: str,
+    stmt: Statement,
     params: Params,
     seconds: float,
     barrier: threading.Barrier,
@@ -206,17 +231,20 @@ def _client(
     index: int,
 ) -> None:
     """Warm up, wait for every client, then run transactions for ``seconds``; store ops/s."""
+    run, sql = stmt.run, stmt.sql
     try:
         with conn.cursor() as cur:
             for _ in range(WARMUP_ITERATIONS):
-                _transaction(conn, cur, sql, params)
+                run(conn, cur, sql, params)
+                conn.commit()
             barrier.wait(BARRIER_TIMEOUT_S)
             ops = 0
             started = time.perf_counter()
             deadline = started + seconds
             now = started
             while now < deadline:
-                _transaction(conn, cur, sql, params)
+                run(conn, cur, sql, params)
+                conn.commit()
                 ops += 1
                 now = time.perf_counter()
             rates[index] = ops / (now - started)
@@ -233,7 +261,7 @@ def measure(conns: Sequence[psycopg.Connection], stmt: Statement, ns_id: int, se
 
     def run(i: int) -> None:
         try:
-            _client(conns[i], stmt.sql, stmt.params(i, ns_id), seconds, barrier, rates, i)
+            _client(conns[i], stmt, stmt.params(i, ns_id), seconds, barrier, rates, i)
         except BaseException as exc:
             errors.append(exc)
 

@@ -21,8 +21,10 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from pglockkit import _nscache
 from pglockkit.connection import SERVER_KEEPALIVES
 from pglockkit.errors import LockTimeout, PoolerDetected, translated
+from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -170,6 +172,8 @@ def _ms(elapsed: float) -> float:
 
 def lock_event(event: str, ns: str, resource: object, key: int | None, **fields: object) -> None:
     """The structured record of an acquisition, skip, timeout or release (``record.pglockkit``)."""
+    if not locks_log.isEnabledFor(logging.INFO):
+        return  # nobody listens: the record is not worth building on every lock call
     data = {"event": event, "namespace": ns, "resource": resource, "key": key, **fields}
     text = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
     locks_log.info("%s", text, extra={"pglockkit": data})
@@ -214,31 +218,110 @@ def resource_key(ns: str, resource: str | int) -> Call[int]:
     return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
 
 
+# The lock helpers' fast path (issue 16): the key is computed here from the namespace id cached
+# per process (pglockkit._nscache), and one statement tries it. xact_lock's statement falls back,
+# in the same statement, to pglockkit.xact_lock (which waits, with the namespace's lock_timeout as
+# it is then, and raises 55P03 naming the holder) only when the key is held: CASE evaluates its
+# ELSE branch only when needed, so a free lock costs the server one pg_try_advisory_xact_lock.
+# Schema-qualified: a caller's search_path cannot put another function before pg_catalog's.
+TRY_KEY = "SELECT pg_catalog.pg_try_advisory_xact_lock(%s)"
+KEY_OR_WAIT = (
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(%s) THEN %s"  # free: its key
+    " ELSE pglockkit.xact_lock(%s, %s, %s) END"  # held: wait as before
+)
+# Which database a connection reaches, returned with the SQL lock calls for the namespace-id cache.
+DATABASE_IDENTITY = (
+    "(SELECT d.oid FROM pg_catalog.pg_database d"
+    " WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()),"
+    " pg_catalog.pg_postmaster_start_time()"
+)
+_LONGEST_WAIT = timedelta(days=24)  # _check_timeout's limit: PostgreSQL cannot time a longer wait
+
+
+def _utf8(conn: AnyConnection) -> bool:
+    """Whether text goes to the server and is stored unchanged: sha256 of its UTF-8 bytes, as SQL
+    hashes it, is then what the server would hash (or refuse the same way)."""
+    info = conn.info
+    return info.encoding == "utf-8" and info.parameter_status("server_encoding") == "UTF8"
+
+
+def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
+    """The key of ``resource`` from the cached id of ``ns``; None where the server must decide: no
+    id cached (or it is due for a refresh), or an input the SQL function refuses or might convert
+    (these take the SQL call, which raises today's errors)."""
+    if type(ns) is not str:
+        return None
+    if type(resource) is str:
+        if "\x00" in resource or not (resource.isascii() or _utf8(conn)):
+            return None
+    elif type(resource) is not int or not 0 <= resource < INT_RESOURCE_LIMIT:
+        return None
+    ns_id = _nscache.cached_id(conn, ns)
+    return None if ns_id is None else lock_key(ns_id, resource)
+
+
+def _learnt(conn: AnyConnection, ns: str, rows: Rows) -> tuple[Any, ...]:
+    """The row of a SQL lock call, after recording what its last three columns tell: the key (whose
+    high 16 bits are the namespace id) and the database's identity."""
+    row = rows[0]
+    key, db_oid, server_started = row[-3:]
+    _nscache.learn(conn, ns, key >> 48, db_oid, server_started)
+    return row
+
+
 def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
+    """One ``pg_try_advisory_xact_lock`` of the key computed here when the namespace id is cached;
+    else ``pglockkit.try_xact_lock``, with ``lock_key`` for the cache."""
     require_transaction(conn, "try_xact_lock")
+    key = _local_key(conn, ns, resource)
+    if key is not None:
+        return Call(
+            TRY_KEY,
+            (key,),
+            done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact"),
+        )
+
+    def decode(rows: Rows) -> bool:
+        got, key, *_ = _learnt(conn, ns, rows)
+        lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
+        return got
+
     return Call(
-        "SELECT pglockkit.try_xact_lock(%s, %s)",
-        (ns, resource),
-        done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, None, scope="xact"),
+        f"SELECT pglockkit.try_xact_lock(%s, %s), pglockkit.lock_key(%s, %s), {DATABASE_IDENTITY}",
+        (ns, resource, ns, resource),
+        decode=decode,
     )
 
 
+def _wait_checked_locally(wait: timedelta | None) -> bool:
+    """A timeout that ``pglockkit.xact_lock`` accepts (it raises 22023 or 22003 for the others)."""
+    return wait is None or timedelta(0) < wait <= _LONGEST_WAIT
+
+
 def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Call[int]:
+    """When the namespace id is cached: the key computed here, tried, and only if it is held
+    ``pglockkit.xact_lock`` (one statement). Else ``pglockkit.xact_lock``, for the cache too."""
     require_transaction(conn, "xact_lock")
+    wait = interval(timeout)
+    key = _local_key(conn, ns, resource) if _wait_checked_locally(wait) else None
 
     def failed(exc: Exception, elapsed: float) -> int:
         if isinstance(exc, LockTimeout):
             if timeout is not None:
                 exc.retry_after = seconds(timeout).total_seconds()
-            lock_event("timeout", ns, resource, None, scope="xact", wait_ms=_ms(elapsed))
+            lock_event("timeout", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
         raise exc
 
+    def done(key: int, elapsed: float) -> None:
+        lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
+
+    if key is not None:
+        return Call(KEY_OR_WAIT, (key, key, ns, resource, wait), done=done, failed=failed)
     return Call(
-        "SELECT pglockkit.xact_lock(%s, %s, %s)",
-        (ns, resource, interval(timeout)),
-        done=lambda key, elapsed: lock_event(
-            "acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed)
-        ),
+        f"SELECT pglockkit.xact_lock(%s, %s, %s), {DATABASE_IDENTITY}",
+        (ns, resource, wait),
+        decode=lambda rows: _learnt(conn, ns, rows)[0],
+        done=done,
         failed=failed,
     )
 

@@ -1,7 +1,10 @@
 """Advisory-lock helpers: thin wrappers over the SQL functions, with structured logging.
 
-Every function here is one SQL call, described in ``pglockkit._calls`` (shared with
-``pglockkit.aio``). Lock keys, ordering, timeouts and errors are decided in SQL.
+Every function here runs a call description of ``pglockkit._calls`` (shared with
+``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
+id cached per process (``pglockkit._nscache``) and try it in one statement, in which
+``xact_lock`` calls the SQL function only if the key is held; a namespace not cached and bad input
+go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every function here.
 """
 
 from __future__ import annotations
