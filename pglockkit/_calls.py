@@ -9,6 +9,7 @@ by SQLSTATE the same way. Nothing else in the package holds SQL for these operat
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,7 @@ def _nothing(rows: Rows) -> None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a microsecond more
 class Call(Generic[T]):
     """One SQL statement and what to make of it.
 
@@ -245,6 +246,11 @@ def _utf8(conn: AnyConnection) -> bool:
     return info.encoding == "utf-8" and info.parameter_status("server_encoding") == "UTF8"
 
 
+# Keys of the resources a process locks again and again (a tenant, a graph, a row): sha256 costs
+# more than the rest of the helper's Python. Keyed by (id, resource), so no entry can go stale.
+_cached_key = functools.lru_cache(maxsize=8192)(lock_key)
+
+
 def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
     """The key of ``resource`` from the cached id of ``ns``; None where the server must decide: no
     id cached (or it is due for a refresh), or an input the SQL function refuses or might convert
@@ -257,7 +263,7 @@ def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
     elif type(resource) is not int or not 0 <= resource < INT_RESOURCE_LIMIT:
         return None
     ns_id = _nscache.cached_id(conn, ns)
-    return None if ns_id is None else lock_key(ns_id, resource)
+    return None if ns_id is None else _cached_key(ns_id, resource)
 
 
 def _learnt(conn: AnyConnection, ns: str, rows: Rows) -> tuple[Any, ...]:
