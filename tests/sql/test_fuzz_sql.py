@@ -476,6 +476,7 @@ job_id = ("id", bigint_arg((1, 2), lives=("job.id", "job1.id", "jobk.id", "done.
 job_token = ("token", bigint_arg((1,), lives=("job.token", "job1.token", "jobk.token", "done.token")))
 queue_p = ("queue", text_arg(QUEUES))
 new_queue_p = ("queue", text_arg(QUEUES, indexed=True))
+rate_key_p = ("rate_key", text_arg(("r1", "r2"), indexed=True), True)
 
 FUNCTIONS: dict[str, Fn] = {
     "lock_key(text, text)": fn([ns_p, res_text], {NULL_, UNKNOWN}),
@@ -552,7 +553,7 @@ FUNCTIONS: dict[str, Fn] = {
         session_locks=True,
     ),
     "prune_runs(interval)": fn([("older_than", interval_arg(("0", "1 s", "7 days")))], {NULL_, BAD}),
-    "enqueue_job(text, jsonb, timestamp with time zone, integer, text, integer, text, integer)": fn(
+    "enqueue_job(text, jsonb, timestamp with time zone, integer, text, integer, text, integer, text)": fn(
         [
             new_queue_p,
             ("payload", arg(jsonb_values()), True),
@@ -562,16 +563,18 @@ FUNCTIONS: dict[str, Fn] = {
             ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
             ("concurrency_key", text_arg(("k1", "k2"), indexed=True), True),
             ("concurrency_limit", int_arg((1, 2, 10000, 10001, 0)), True),
+            rate_key_p,
         ],
         {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
-    "enqueue_jobs(text, jsonb[], timestamp with time zone, integer, integer)": fn(
+    "enqueue_jobs(text, jsonb[], timestamp with time zone, integer, integer, text)": fn(
         [
             new_queue_p,
             ("payloads", jsonb_array_arg()),
             ("run_at", arg(timestamptz_values()), True),
             ("priority", int_arg(), True),
             ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
+            rate_key_p,
         ],
         {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
@@ -631,6 +634,19 @@ FUNCTIONS: dict[str, Fn] = {
     "set_max_payload_bytes(integer)": fn(
         [("bytes", int_arg((4096, 4095, 1048576, 268435455, 268435456, 0)))], {NULL_, RANGE}
     ),
+    "set_rate_limit(text, text, integer, interval, integer)": fn(
+        [
+            new_queue_p,
+            ("key", text_arg(("r1", "r2"), indexed=True)),
+            ("rate", int_arg((1, 10, 1000000, 0, -1))),
+            ("per", interval_arg(("1 s", "1 minute", "366 days", "367 days", "0", "-1 s"))),
+            ("burst", int_arg((1, 5, 1000000, 1000001, 0)), True),
+        ],
+        {NULL_, BAD, RANGE, CHECK},
+    ),
+    "remove_rate_limit(text, text)": fn([queue_p, ("key", text_arg(("r1", "r2")))], {NULL_, BAD}),
+    "pause_queue(text)": fn([new_queue_p], {NULL_, BAD, CHECK}),
+    "resume_queue(text)": fn([queue_p], {NULL_, BAD}),
 }
 
 
@@ -742,6 +758,12 @@ SELECT v FROM (
     FROM pglockkit.jobs j
    WHERE j.status = 'running' AND j.concurrency_key IS NOT NULL
      AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = j.queue AND k.key = j.concurrency_key)
+  UNION ALL
+  SELECT format('rate limit %s/%s: rate %s per %s burst %s step %s, tat %s more than a burst ahead',
+                queue, key, rate, per, burst, step, tat)
+    FROM pglockkit.job_rates
+   WHERE rate < 1 OR burst < 1 OR step < interval '1 microsecond' OR per <= interval '0'
+      OR tat > clock_timestamp() + step * burst
   UNION ALL
   SELECT format('run %s is %s with finished_at %s, attempt %s', id, status, finished_at, attempt)
     FROM pglockkit.runs
@@ -1058,6 +1080,10 @@ FATAL_NULLS = {
     "prune_jobs": ("older_than", "include_dead"),
     "sample": ("retention",),
     "set_max_payload_bytes": ("bytes",),
+    "set_rate_limit": ("queue", "key", "rate", "per", "burst"),
+    "remove_rate_limit": ("queue", "key"),
+    "pause_queue": ("queue",),
+    "resume_queue": ("queue",),
 }
 
 
