@@ -13,6 +13,7 @@ another on the same server:
 - ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
 - ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
+- ``rate``: ``bench.rate_limit_cost`` (claim + complete with rate limits on some keys vs none).
 
 Each section has a time budget; the report flags a section that overran it. The defaults take about
 5 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
@@ -50,6 +51,7 @@ from bench import (
     peers,
     pgbench_compare,
     queue_throughput,
+    rate_limit_cost,
     worker_cost,
 )
 from bench.common import environment, spread
@@ -140,6 +142,14 @@ SECTIONS = [
         ("--jobs", "400", "--concurrency", "16", "--sleep", "0.1", "--runs", "3"),
         ("--jobs", "16", "--concurrency", "4", "--sleep", "0.01", "--runs", "1"),
         90,
+    ),
+    Section(
+        "rate",
+        "Rate limits: claim + complete with limits on some keys vs none",
+        rate_limit_cost,
+        ("--seconds", "1", "--runs", "3", "--clients", "1,4"),
+        ("--seconds", "0.2", "--runs", "1", "--clients", "1", "--jobs", "2000"),
+        40,
     ),
 ]
 BY_NAME = {s.name: s for s in SECTIONS}
@@ -331,6 +341,18 @@ def _io_rows(d: dict) -> list[Row]:
     return rows
 
 
+def _rate_rows(d: dict) -> list[Row]:
+    return [
+        (
+            "rate",
+            f"claim + complete, limits on 2 of 8 keys / none, {r['clients']} client(s)",
+            spread(r["some_over_none"], ".2f"),
+            ">= 0.9",
+        )
+        for r in d["rows"]
+    ]
+
+
 SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "lock": _lock_rows,
     "queue": _queue_rows,
@@ -340,6 +362,7 @@ SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "peers": _peers_rows,
     "worker": _worker_rows,
     "io": _io_rows,
+    "rate": _rate_rows,
 }
 
 
