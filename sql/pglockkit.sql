@@ -1508,6 +1508,40 @@ $$;
 COMMENT ON FUNCTION pglockkit.enqueue_jobs(text, jsonb[], timestamptz, integer, integer, text) IS
     'Adds one job per payload in one statement (ids in payload order) and notifies once; rate_key (optional) is every job''s rate key, as in enqueue_job. run_at must be finite (22023); one payload over max_payload_bytes (pglockkit.settings) refuses the whole batch (54000).';
 
+CREATE FUNCTION pglockkit._take_rate_token(queue text, key text, t timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_spent boolean;
+BEGIN
+    -- claim_job's single-job paths call this for the one job they are about to claim, last among
+    -- its conditions (a function costs more than a column test, so the planner orders it last),
+    -- after the checks that gate the statement: it takes a token only for a job that is then
+    -- claimed in the same statement. The key's row is locked SKIP LOCKED (a row another claimer
+    -- holds: false, and the job is left to claim_job's other paths) and tat is re-checked on the
+    -- row locked, its newest version.
+    WITH locked AS (
+        SELECT q.key FROM pglockkit.job_rates q
+         WHERE q.queue = _take_rate_token.queue AND q.key = _take_rate_token.key
+           AND q.tat <= _take_rate_token.t + q.step * (q.burst - 1)
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), spent AS (
+        UPDATE pglockkit.job_rates q
+           SET tat = GREATEST(q.tat, _take_rate_token.t) + q.step
+          FROM locked l
+         WHERE q.queue = _take_rate_token.queue AND q.key = l.key
+        RETURNING q.key
+    )
+    SELECT EXISTS (SELECT FROM spent) INTO v_spent;
+    RETURN v_spent;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._take_rate_token(text, text, timestamptz) IS
+    'Private: takes one token of a rate-limited key for a claim at time t (GCRA: tat moves to max(tat, t) + step) if the key has one now and its row is not held by another transaction; true if taken. Never waits.';
+
 CREATE FUNCTION pglockkit.claim_job(
     queue text, worker text, lease interval DEFAULT '5 minutes', batch integer DEFAULT 1)
 RETURNS SETOF pglockkit.claimed_job
@@ -1577,7 +1611,10 @@ BEGIN
     -- filter). A keyed first job is locked but not claimed here, and the keyed path below runs
     -- (the lock lasts until the caller's transaction ends, at once for an autocommit claim; other
     -- claimers skip that job meanwhile). For one job this is what that path would pick, without
-    -- its per-key bookkeeping, whether or not the queue has other keyed jobs.
+    -- its per-key bookkeeping, whether or not the queue has other keyed jobs. A job with a rate
+    -- key: claimed here if the key has no limit, or if _take_rate_token takes one of its tokens in
+    -- this statement (the one extra call, for such jobs only: a job without a rate key costs one
+    -- column test); otherwise left to the keyed path. A paused queue: a one-time filter too.
     IF claim_job.batch = 1
        AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
@@ -1599,8 +1636,10 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
-           AND (j.rate_key IS NULL OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                                   WHERE q.queue = claim_job.queue AND q.key = j.rate_key))
+           AND (j.rate_key IS NULL
+                OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
+                                WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
+                OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
@@ -1626,8 +1665,10 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
-           AND (j.rate_key IS NULL OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                                   WHERE q.queue = claim_job.queue AND q.key = j.rate_key))
+           AND (j.rate_key IS NULL
+                OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
+                                WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
+                OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
@@ -1668,8 +1709,10 @@ BEGIN
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT 1)
                AND j.concurrency_key IS NULL
-               AND (j.rate_key IS NULL OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                                       WHERE q.queue = claim_job.queue AND q.key = j.rate_key))
+               AND (j.rate_key IS NULL
+                    OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
+                                    WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
+                    OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
