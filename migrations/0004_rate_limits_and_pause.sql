@@ -1,10 +1,7 @@
 -- pglockkit 0004: per-key rate limits enforced by claim_job, and pause / resume of a queue.
 -- (The definitions are those of sql/schema/05_jobs.sql and 07_privileges.sql.)
 
-ALTER TABLE pglockkit.jobs
-    ADD COLUMN rate_key text,
-    ADD CONSTRAINT jobs_rate_key_not_empty CHECK (rate_key OPERATOR(pg_catalog.<>) ''),
-    ADD CONSTRAINT jobs_rate_key_length CHECK (pg_catalog.octet_length(rate_key) OPERATOR(pg_catalog.<=) 1024);
+ALTER TABLE pglockkit.jobs ADD COLUMN rate_key text;
 
 -- Per-key rate limits (GCRA, the generic cell rate algorithm): one row per limited (queue, rate
 -- key), set by set_rate_limit. tat, the key's theoretical arrival time, is how far ahead of the
@@ -88,6 +85,10 @@ BEGIN
         RAISE EXCEPTION 'concurrency_limit % is out of range', enqueue_job.concurrency_limit
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'concurrency_limit is 1 to 10000.';
     END IF;
+    IF pg_catalog.octet_length(enqueue_job.rate_key) > 1024 THEN
+        RAISE EXCEPTION 'rate_key is % bytes, over 1024', pg_catalog.octet_length(enqueue_job.rate_key)
+            USING ERRCODE = 'check_violation', HINT = 'A rate key is at most 1024 bytes, like a queue name.';
+    END IF;
     IF enqueue_job.rate_key = '' THEN
         RAISE EXCEPTION 'rate_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass NULL for a job without a rate key.';
@@ -153,6 +154,10 @@ BEGIN
         RAISE EXCEPTION 'max_attempts % is out of range', enqueue_jobs.max_attempts
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
     END IF;
+    IF pg_catalog.octet_length(enqueue_jobs.rate_key) > 1024 THEN
+        RAISE EXCEPTION 'rate_key is % bytes, over 1024', pg_catalog.octet_length(enqueue_jobs.rate_key)
+            USING ERRCODE = 'check_violation', HINT = 'A rate key is at most 1024 bytes, like a queue name.';
+    END IF;
     IF enqueue_jobs.rate_key = '' THEN
         RAISE EXCEPTION 'rate_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass NULL for jobs without a rate key.';
@@ -184,12 +189,15 @@ AS $$
 DECLARE
     v_spent boolean;
 BEGIN
-    -- claim_job's single-job paths call this for the one job they are about to claim, last among
-    -- its conditions (a function costs more than a column test, so the planner orders it last),
-    -- after the checks that gate the statement: it takes a token only for a job that is then
-    -- claimed in the same statement. The key's row is locked SKIP LOCKED (a row another claimer
-    -- holds: false, and the job is left to claim_job's other paths) and tat is re-checked on the
-    -- row locked, its newest version.
+    -- claim_job's single-job paths call this for the one job with a rate key they are about to
+    -- claim, last among its conditions (a function costs more than a column test, so the planner
+    -- orders it last), after the checks that gate the statement: it takes a token only for a job
+    -- that is then claimed in the same statement. The key's row is locked SKIP LOCKED (a row
+    -- another claimer holds: false, and the job is left to claim_job's other paths) and tat is
+    -- re-checked on the row locked, its newest version. A key without a limit: true. (A function
+    -- and not a NOT EXISTS in the claim itself: in the claim's generic plan that became a hashed
+    -- subplan, set up at every claim, jobs without a rate key too; measured a few percent of
+    -- claim + complete.)
     WITH locked AS (
         SELECT q.key FROM pglockkit.job_rates q
          WHERE q.queue = _take_rate_token.queue AND q.key = _take_rate_token.key
@@ -203,11 +211,12 @@ BEGIN
         RETURNING q.key
     )
     SELECT EXISTS (SELECT FROM spent) INTO v_spent;
-    RETURN v_spent;
+    RETURN v_spent OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
+                                   WHERE q.queue = _take_rate_token.queue AND q.key = _take_rate_token.key);
 END
 $$;
 COMMENT ON FUNCTION pglockkit._take_rate_token(text, text, timestamptz) IS
-    'Private: takes one token of a rate-limited key for a claim at time t (GCRA: tat moves to max(tat, t) + step) if the key has one now and its row is not held by another transaction; true if taken. Never waits.';
+    'Private: takes one token of a rate-limited key for a claim at time t (GCRA: tat moves to max(tat, t) + step) if the key has one now and its row is not held by another transaction; true if taken, or if the key has no limit. Never waits.';
 
 CREATE OR REPLACE FUNCTION pglockkit.claim_job(
     queue text, worker text, lease interval DEFAULT '5 minutes', batch integer DEFAULT 1)
@@ -279,8 +288,8 @@ BEGIN
     -- (the lock lasts until the caller's transaction ends, at once for an autocommit claim; other
     -- claimers skip that job meanwhile). For one job this is what that path would pick, without
     -- its per-key bookkeeping, whether or not the queue has other keyed jobs. A job with a rate
-    -- key: claimed here if the key has no limit, or if _take_rate_token takes one of its tokens in
-    -- this statement (the one extra call, for such jobs only: a job without a rate key costs one
+    -- key: claimed here if _take_rate_token finds the key without a limit or takes one of its
+    -- tokens in this statement (a call for such jobs only: a job without a rate key costs one
     -- column test); otherwise left to the keyed path. A paused queue: a one-time filter too.
     IF claim_job.batch = 1
        AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
@@ -303,10 +312,7 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
-           AND (j.rate_key IS NULL
-                OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
-                OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
+           AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
@@ -332,10 +338,7 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
-           AND (j.rate_key IS NULL
-                OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
-                OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
+           AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
@@ -376,10 +379,7 @@ BEGIN
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT 1)
                AND j.concurrency_key IS NULL
-               AND (j.rate_key IS NULL
-                    OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
-                                    WHERE q.queue = claim_job.queue AND q.key = j.rate_key)
-                    OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
+               AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)

@@ -736,6 +736,9 @@ SELECT v FROM (
   SELECT format('job %s: concurrency key without limit or empty', id) FROM pglockkit.jobs
    WHERE (concurrency_key IS NULL) <> (concurrency_limit IS NULL) OR concurrency_key = ''
   UNION ALL
+  SELECT format('job %s: rate key empty or over 1024 bytes', id) FROM pglockkit.jobs
+   WHERE rate_key = '' OR octet_length(rate_key) > 1024
+  UNION ALL
   SELECT format('claim token %s given to %s jobs', token, count(*)) FROM pglockkit.jobs
    WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1
   UNION ALL
