@@ -262,3 +262,26 @@ def test_pause_while_four_workers_drain(db):
     assert all(completed) and len(completed) == 301
     assert q.jobs(db.conn, "p", "done", limit=1000)[0]["id"] == late
     assert db.conn.execute(stats).fetchone()[3] is False
+
+
+def test_a_paused_queue_claims_nothing_on_any_path(db):
+    """Every path of claim_job checks the pause: single and batch claims, a queue with
+    concurrency keys, one with rate limits, one with an expired lease to reclaim."""
+    q.enqueue(db.conn, "plain", {})
+    q.enqueue(db.conn, "keyed", {}, concurrency_key="k", concurrency_limit=1)
+    db.conn.execute("SELECT pglockkit.set_rate_limit('rated', 'r', 10, '1 s', 5)")
+    q.enqueue(db.conn, "rated", {}, rate_key="r")
+    q.enqueue(db.conn, "expired", {})
+    [job] = q.claim(db.conn, "expired", "w", lease=0.001)
+    time.sleep(0.01)
+    queues = ("plain", "keyed", "rated", "expired")
+    for queue in queues:
+        assert db.conn.execute("SELECT pglockkit.pause_queue(%s)", (queue,)).fetchone()[0] is True
+        assert q.claim(db.conn, queue, "w") == [] and q.claim(db.conn, queue, "w", batch=5) == [], queue
+    held = "SELECT status, token FROM pglockkit.jobs WHERE id = %s"
+    assert db.conn.execute(held, (job.id,)).fetchone() == ("running", job.token)  # expired, not reclaimed
+    stats = dict(db.conn.execute("SELECT queue, paused FROM pglockkit.queue_stats").fetchall())
+    assert stats == dict.fromkeys(queues, True)
+    for queue in queues:
+        assert db.conn.execute("SELECT pglockkit.resume_queue(%s)", (queue,)).fetchone()[0] is True
+        assert len(q.claim(db.conn, queue, "w", batch=5)) == 1, queue
