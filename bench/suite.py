@@ -14,6 +14,7 @@ another on the same server:
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
 - ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
 - ``schedules``: ``bench.schedule_tick`` (a tick with 1,000 schedules, none due and all due).
+- ``rate``: ``bench.rate_limit_cost`` (claim + complete with rate limits on some keys vs none).
 
 Each section has a time budget; the report flags a section that overran it. The defaults take about
 5 minutes on 2 cores (budget: 10). ``--quick`` runs every section with tiny settings (the smoke
@@ -52,6 +53,7 @@ from bench import (
     pgbench_compare,
     queue_throughput,
     schedule_tick,
+    rate_limit_cost,
     worker_cost,
 )
 from bench.common import environment, spread
@@ -142,6 +144,14 @@ SECTIONS = [
         ("--jobs", "400", "--concurrency", "16", "--sleep", "0.1", "--runs", "3"),
         ("--jobs", "16", "--concurrency", "4", "--sleep", "0.01", "--runs", "1"),
         90,
+    ),
+    Section(
+        "rate",
+        "Rate limits: claim + complete with limits on some keys vs none",
+        rate_limit_cost,
+        ("--seconds", "1", "--runs", "3", "--clients", "1,4"),
+        ("--seconds", "0.2", "--runs", "1", "--clients", "1", "--jobs", "2000"),
+        40,
     ),
 ]
 SECTIONS.append(
@@ -359,6 +369,15 @@ def _schedule_rows(d: dict) -> list[Row]:
             f"{r['all_due_tick_ms']:,.1f} ms ({r['all_due_per_schedule_us']:,.0f} µs per schedule)",
             "cost per tick",
         ),
+def _rate_rows(d: dict) -> list[Row]:
+    return [
+        (
+            "rate",
+            f"claim + complete, limits on 2 of 8 keys / none, {r['clients']} client(s)",
+            spread(r["some_over_none"], ".2f"),
+            ">= 0.9",
+        )
+        for r in d["rows"]
     ]
 
 
@@ -372,6 +391,7 @@ SUMMARY: dict[str, Callable[[dict], list[Row]]] = {
     "worker": _worker_rows,
     "io": _io_rows,
     "schedules": _schedule_rows,
+    "rate": _rate_rows,
 }
 
 

@@ -534,6 +534,7 @@ def enqueue(
     max_attempts: int,
     concurrency_key: str | None,
     concurrency_limit: int | None,
+    rate_key: str | None = None,
 ) -> Call[int]:
     if run_at is not None and delay is not None:
         raise ValueError("give run_at or delay, not both")
@@ -542,7 +543,7 @@ def enqueue(
         when = "clock_timestamp() + %(delay)s"
     return Call(
         f"SELECT pglockkit.enqueue_job(%(queue)s, %(payload)s, {when}, %(priority)s, %(dedup)s, %(max)s, "
-        "%(ckey)s, %(climit)s)",
+        "%(ckey)s, %(climit)s, %(rkey)s)",
         {
             "queue": queue,
             "payload": Jsonb({} if payload is None else payload),
@@ -552,15 +553,18 @@ def enqueue(
             "dedup": dedup_key,
             "ckey": concurrency_key,
             "climit": concurrency_limit,
+            "rkey": rate_key,
             "max": max_attempts,
         },
     )
 
 
-def enqueue_many(queue: str, payloads: Sequence[Any], priority: int, max_attempts: int) -> Call[list[int]]:
+def enqueue_many(
+    queue: str, payloads: Sequence[Any], priority: int, max_attempts: int, rate_key: str | None = None
+) -> Call[list[int]]:
     return Call(
-        "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s)",
-        (queue, [Jsonb(p) for p in payloads], priority, max_attempts),
+        "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s, %s)",
+        (queue, [Jsonb(p) for p in payloads], priority, max_attempts, rate_key),
     )
 
 
@@ -608,6 +612,38 @@ def release(job: Job) -> Call[bool]:
 
 def cancel(job_id: int) -> Call[bool]:
     return Call("SELECT pglockkit.cancel_job(%s)", (job_id,))
+
+
+def set_rate_limit(queue: str, key: str, rate: int, per: float | timedelta, burst: int) -> Call[None]:
+    return Call(
+        "SELECT pglockkit.set_rate_limit(%s, %s, %s, %s, %s)",
+        (queue, key, rate, seconds(per), burst),
+        decode=_nothing,
+    )
+
+
+def remove_rate_limit(queue: str, key: str) -> Call[bool]:
+    return Call("SELECT pglockkit.remove_rate_limit(%s, %s)", (queue, key))
+
+
+RATE_LIMIT_COLUMNS = ("queue", "key", "rate", "per", "burst", "next_allowed_at", "tokens", "waiting")
+
+
+def rate_limits(queue: str | None) -> Call[list[dict]]:
+    return Call(
+        f"SELECT {', '.join(RATE_LIMIT_COLUMNS)} FROM pglockkit.rate_limits "
+        "WHERE %s::text IS NULL OR queue = %s ORDER BY queue, key",
+        (queue, queue),
+        decode=_dicts(RATE_LIMIT_COLUMNS),
+    )
+
+
+def pause_queue(queue: str) -> Call[bool]:
+    return Call("SELECT pglockkit.pause_queue(%s)", (queue,))
+
+
+def resume_queue(queue: str) -> Call[bool]:
+    return Call("SELECT pglockkit.resume_queue(%s)", (queue,))
 
 
 JOB_LIST_COLUMNS = ("id", "status", "priority", "attempts", "run_at", "worker", "payload", "last_error")

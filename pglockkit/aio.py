@@ -60,18 +60,23 @@ __all__ = [
     "leases",
     "lock_rows",
     "namespaces",
+    "pause",
     "prune_leases",
     "prune_runs",
+    "rate_limits",
     "register_namespace",
     "release",
     "release_lease",
+    "remove_rate_limit",
     "renew_lease",
     "resource_key",
+    "resume",
     "retry",
     "run_once",
     "runs",
     "schedule",
     "schedules",
+    "set_rate_limit",
     "set_server_keepalives",
     "singleton",
     "sole_writer",
@@ -324,6 +329,7 @@ async def enqueue(
     max_attempts: int = 5,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_key: str | None = None,
 ) -> int:
     """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one)."""
     call = _calls.enqueue(
@@ -336,6 +342,7 @@ async def enqueue(
         max_attempts=max_attempts,
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        rate_key=rate_key,
     )
     return await _calls.arun(conn, call)
 
@@ -347,9 +354,10 @@ async def enqueue_many(
     *,
     priority: int = 0,
     max_attempts: int = 5,
+    rate_key: str | None = None,
 ) -> list[int]:
     """Add one job per payload in one statement; returns the ids in payload order."""
-    return await _calls.arun(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts))
+    return await _calls.arun(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts, rate_key))
 
 
 async def claim(
@@ -394,6 +402,39 @@ async def release(conn: psycopg.AsyncConnection, job: Job) -> bool:
 async def cancel(conn: psycopg.AsyncConnection, job_id: int) -> bool:
     """Cancel a queued or running job; False if it had already finished."""
     return await _calls.arun(conn, _calls.cancel(job_id))
+
+
+async def set_rate_limit(
+    conn: psycopg.AsyncConnection,
+    queue: str,
+    key: str,
+    rate: int,
+    per: float | timedelta = 1,
+    *,
+    burst: int = 1,
+) -> None:
+    """``pglockkit.queue.set_rate_limit``: at most ``rate`` claims of the key per ``per``."""
+    await _calls.arun(conn, _calls.set_rate_limit(queue, key, rate, per, burst))
+
+
+async def remove_rate_limit(conn: psycopg.AsyncConnection, queue: str, key: str) -> bool:
+    """Lift a key's rate limit; False if it had none."""
+    return await _calls.arun(conn, _calls.remove_rate_limit(queue, key))
+
+
+async def rate_limits(conn: psycopg.AsyncConnection, queue: str | None = None) -> list[dict]:
+    """``pglockkit.queue.rate_limits``: the rate-limited keys as ``pglockkit.rate_limits`` shows them."""
+    return await _calls.arun(conn, _calls.rate_limits(queue))
+
+
+async def pause(conn: psycopg.AsyncConnection, queue: str) -> bool:
+    """Pause a queue (no claims after this commits); False if it was paused already."""
+    return await _calls.arun(conn, _calls.pause_queue(queue))
+
+
+async def resume(conn: psycopg.AsyncConnection, queue: str) -> bool:
+    """Resume a paused queue; False if it was not paused."""
+    return await _calls.arun(conn, _calls.resume_queue(queue))
 
 
 # --- runs -----------------------------------------------------------------------------------

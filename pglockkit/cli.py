@@ -301,8 +301,39 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             concurrency_key=args.concurrency_key,
             concurrency_limit=args.concurrency_limit,
+            rate_key=args.rate_key,
         )
     print(job_id)
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        changed = queue.pause(conn, args.queue)
+    print(f"queue {args.queue}: {'paused' if changed else 'already paused'}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        changed = queue.resume(conn, args.queue)
+    print(f"queue {args.queue}: {'resumed' if changed else 'was not paused'}")
+    return 0
+
+
+def cmd_rate_limit(args: argparse.Namespace) -> int:
+    with connect(_dsn(args), autocommit=True) as conn:
+        if args.action == "set":
+            queue.set_rate_limit(conn, args.queue, args.key, args.rate, args.per, burst=args.burst)
+            print(
+                f"queue {args.queue}, key {args.key}: at most {args.rate} per {fmt.age(args.per)}, "
+                f"burst {args.burst}"
+            )
+        elif args.action == "remove":
+            removed = queue.remove_rate_limit(conn, args.queue, args.key)
+            print(f"queue {args.queue}, key {args.key}: {'limit removed' if removed else 'had no limit'}")
+        else:
+            _print_table(_calls.RATE_LIMIT_COLUMNS, queue.rate_limits(conn, args.queue))
     return 0
 
 
@@ -607,6 +638,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency-limit", type=int, metavar="N", help="at most N jobs of this queue with KEY run at once"
     )
+    p.add_argument(
+        "--rate-key",
+        metavar="KEY",
+        help="e.g. api:openai; claims follow KEY's rate limit (see `pglockkit rate-limit`)",
+    )
+    p = add(
+        "pause",
+        cmd_pause,
+        "pause a queue: no job of it is claimed until resume (running jobs finish; enqueue works)",
+        parents=[conn_opts],
+        epilog="Once this returns, no claim takes a job of QUEUE. Needs pglockkit_admin. "
+        "`pglockkit top` and `pglockkit doctor` show paused queues.",
+    )
+    p.add_argument("queue")
+    p = add("resume", cmd_resume, "resume a paused queue (wakes its workers)", parents=[conn_opts])
+    p.add_argument("queue")
+    p = add(
+        "rate-limit",
+        cmd_rate_limit,
+        "set, remove or list per-key rate limits of a queue's jobs",
+        parents=[conn_opts],
+        usage="pglockkit rate-limit set QUEUE KEY RATE [--per DURATION] [--burst N]\n"
+        "       pglockkit rate-limit remove QUEUE KEY\n"
+        "       pglockkit rate-limit list [QUEUE]",
+        epilog="A job enqueued with --rate-key KEY is claimed only within KEY's limit: at most RATE per "
+        "DURATION on average, up to N at once; jobs over it are passed over (other keys' jobs are claimed), "
+        "never waited for. Example: pglockkit rate-limit set llm openai 60 --per 1m --burst 5. "
+        "set and remove need pglockkit_admin.",
+    )
+    p.add_argument("action", choices=["set", "remove", "list"])
+    p.add_argument("queue", nargs="?")
+    p.add_argument("key", nargs="?")
+    p.add_argument("rate", nargs="?", type=_positive_int, help="jobs per --per (set)")
+    p.add_argument(
+        "--per",
+        type=_duration,
+        default=timedelta(seconds=1),
+        metavar="DURATION",
+        help="the period RATE is counted over, e.g. 1s, 1m (default 1s)",
+    )
+    p.add_argument(
+        "--burst", type=_positive_int, default=1, metavar="N", help="most jobs started at once (default 1)"
+    )
+    p.set_defaults(rate_limit_parser=p)
     p = add(
         "work",
         cmd_work,
@@ -742,6 +817,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_rate_limit_args(args: argparse.Namespace) -> None:
+    """``rate-limit set`` takes QUEUE KEY RATE, ``remove`` QUEUE KEY, ``list`` at most QUEUE."""
+    takes = {"set": ("queue", "key", "rate"), "remove": ("queue", "key"), "list": ("queue",)}[args.action]
+    needs = () if args.action == "list" else takes
+    missing = [name.upper() for name in needs if getattr(args, name) is None]
+    extra = [
+        name.upper() for name in ("key", "rate") if name not in takes and getattr(args, name) is not None
+    ]
+    if missing or extra:
+        what = f"needs {' '.join(missing)}" if missing else f"takes no {' '.join(extra)}"
+        args.rate_limit_parser.error(f"rate-limit {args.action} {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -753,6 +841,8 @@ def main(argv: list[str] | None = None) -> int:
         argv, run_command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
     args.run_command = run_command
+    if args.command == "rate-limit":
+        _check_rate_limit_args(args)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )

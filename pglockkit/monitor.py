@@ -77,7 +77,10 @@ SELECT (SELECT count(*) FROM pg_locks) AS used,
          * (current_setting('max_connections')::int
             + current_setting('max_prepared_transactions')::int)
          AS capacity"""
-QUEUES = "SELECT queue, dead, expired_leases, oldest_ready_age FROM pglockkit.queue_stats ORDER BY queue"
+QUEUES = (
+    "SELECT queue, ready, dead, expired_leases, oldest_ready_age, paused "
+    "FROM pglockkit.queue_stats ORDER BY queue"
+)
 EXPIRED_LEASES = (
     "SELECT name, holder, token, -expires_in AS expired_for FROM pglockkit.lease_status "
     "WHERE released_at IS NULL AND NOT live ORDER BY name"
@@ -143,10 +146,21 @@ def check_lock_table_headroom(row: dict) -> list[Finding]:
 
 
 def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
-    """Per queue (rows of ``pglockkit.queue_stats``): dead jobs, a ready job waiting at least
-    ``lag_after``, running jobs past their lease."""
+    """Per queue (rows of ``pglockkit.queue_stats``): a pause, dead jobs, a ready job waiting at
+    least ``lag_after`` (not for a paused queue: the pause says why), running jobs past their lease."""
     findings = []
     for r in rows:
+        paused = r.get("paused", False)
+        if paused:
+            findings.append(
+                Finding(
+                    "info",
+                    "paused queue",
+                    f"queue {r['queue']} is paused: none of its {r.get('ready', 0)} ready job(s) is claimed",
+                    f"When it may run again: pglockkit resume {r['queue']}  (or SELECT pglockkit.resume_queue"
+                    f"('{r['queue']}');)",
+                )
+            )
         if r["dead"]:
             findings.append(
                 Finding(
@@ -157,7 +171,7 @@ def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
                     f"SELECT pglockkit.retry_dead_jobs('{r['queue']}');",
                 )
             )
-        if r["oldest_ready_age"] is not None and r["oldest_ready_age"] >= lag_after:
+        if not paused and r["oldest_ready_age"] is not None and r["oldest_ready_age"] >= lag_after:
             findings.append(
                 Finding(
                     "warning",
@@ -439,7 +453,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     queues = _rows(
         conn,
         "SELECT queue, ready, scheduled, running, expired_leases, dead, oldest_ready_age, "
-        "done_last_minute FROM pglockkit.queue_stats ORDER BY queue",
+        "done_last_minute, paused FROM pglockkit.queue_stats ORDER BY queue",
     )
     out.extend(
         [
@@ -452,6 +466,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         out.append(
             f"{_cut(q['queue'], 19):<20}{q['ready']:>7}{q['scheduled']:>7}{q['running']:>6}"
             f"{q['expired_leases']:>8}{q['dead']:>6}{fmt.age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
+            + ("  PAUSED" if q["paused"] else "")
         )
     leases = _rows(
         conn, "SELECT name, holder, token, live, expires_in FROM pglockkit.lease_status ORDER BY name"

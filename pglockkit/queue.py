@@ -30,7 +30,12 @@ __all__ = [
     "fail",
     "jobs",
     "load_handler",
+    "pause",
+    "rate_limits",
     "release",
+    "remove_rate_limit",
+    "resume",
+    "set_rate_limit",
 ]
 
 
@@ -46,11 +51,14 @@ def enqueue(
     max_attempts: int = 5,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_key: str | None = None,
 ) -> int:
     """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one).
 
     With ``concurrency_key`` (a tenant, an account, a graph) and ``concurrency_limit``, at most that
-    many jobs of the queue with that key run at once; jobs of other keys are not held up.
+    many jobs of the queue with that key run at once; jobs of other keys are not held up. With
+    ``rate_key`` (an API key, a provider), claims follow that key's rate limit
+    (``set_rate_limit``; a key without one has no limit).
 
     >>> enqueue(conn, "emails", {"to": "ana@example.com"}, priority=10)  # doctest: +SKIP
     1
@@ -65,15 +73,23 @@ def enqueue(
         max_attempts=max_attempts,
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        rate_key=rate_key,
     )
     return _calls.run(conn, call)
 
 
 def enqueue_many(
-    conn: psycopg.Connection, queue: str, payloads: Sequence[Any], *, priority: int = 0, max_attempts: int = 5
+    conn: psycopg.Connection,
+    queue: str,
+    payloads: Sequence[Any],
+    *,
+    priority: int = 0,
+    max_attempts: int = 5,
+    rate_key: str | None = None,
 ) -> list[int]:
-    """Add one job per payload in one statement; returns the ids in payload order."""
-    return _calls.run(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts))
+    """Add one job per payload in one statement; returns the ids in payload order. ``rate_key``
+    is every job's rate key."""
+    return _calls.run(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts, rate_key))
 
 
 def claim(
@@ -118,6 +134,45 @@ def cancel(conn: psycopg.Connection, job_id: int) -> bool:
     """Cancel a queued or running job; False if it had already finished. A running job's worker
     finds its claim stale at its next complete, fail or extend."""
     return _calls.run(conn, _calls.cancel(job_id))
+
+
+def set_rate_limit(
+    conn: psycopg.Connection, queue: str, key: str, rate: int, per: float | timedelta = 1, *, burst: int = 1
+) -> None:
+    """Let claims start at most ``rate`` jobs of ``queue`` with rate key ``key`` per ``per``
+    (seconds or a timedelta), in bursts of up to ``burst``; jobs over the rate are passed over,
+    other keys' jobs are claimed meanwhile. Replaces the key's limit if it has one.
+    pglockkit_admin only.
+
+    >>> set_rate_limit(conn, "llm", "openai", 60, timedelta(minutes=1), burst=5)  # doctest: +SKIP
+    """
+    _calls.run(conn, _calls.set_rate_limit(queue, key, rate, per, burst))
+
+
+def remove_rate_limit(conn: psycopg.Connection, queue: str, key: str) -> bool:
+    """Lift a key's rate limit; False if it had none. pglockkit_admin only."""
+    return _calls.run(conn, _calls.remove_rate_limit(queue, key))
+
+
+def rate_limits(conn: psycopg.Connection, queue: str | None = None) -> list[dict]:
+    """The rate-limited keys (of ``queue``, or all) as ``pglockkit.rate_limits`` shows them: a dict
+    each with ``queue, key, rate, per, burst, next_allowed_at, tokens, waiting``."""
+    return _calls.run(conn, _calls.rate_limits(queue))
+
+
+def pause(conn: psycopg.Connection, queue: str) -> bool:
+    """Pause a queue: once this commits no claim takes its jobs; running jobs go on and enqueue
+    works. False if it was paused already. pglockkit_admin only.
+
+    >>> pause(conn, "emails")  # doctest: +SKIP
+    True
+    """
+    return _calls.run(conn, _calls.pause_queue(queue))
+
+
+def resume(conn: psycopg.Connection, queue: str) -> bool:
+    """Resume a paused queue (its workers are woken by NOTIFY); False if it was not paused."""
+    return _calls.run(conn, _calls.resume_queue(queue))
 
 
 def jobs(conn: psycopg.Connection, queue: str, status: str | None = None, limit: int = 50) -> list[dict]:

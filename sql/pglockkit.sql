@@ -1281,10 +1281,14 @@ CREATE TABLE pglockkit.jobs (
     created_at        timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     started_at        timestamptz,
     finished_at       timestamptz,
+    rate_key          text,
     CHECK ((concurrency_key IS NULL) = (concurrency_limit IS NULL)),
     CONSTRAINT jobs_queue_length CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 1024),
     CONSTRAINT jobs_dedup_key_length CHECK (pg_catalog.octet_length(dedup_key) OPERATOR(pg_catalog.<=) 1024),
     CONSTRAINT jobs_concurrency_key_length CHECK (pg_catalog.octet_length(concurrency_key) OPERATOR(pg_catalog.<=) 1024)
+    -- rate_key (non-empty, at most 1024 bytes) is checked by enqueue_job and enqueue_jobs, its only
+    -- writers, not by a constraint: every claim and completion updates the row and would evaluate
+    -- it again, while the enqueue checks it once.
 );
 COMMENT ON TABLE pglockkit.jobs IS
     'The job queue. Write it through enqueue_job / claim_job / complete_job / fail_job / extend_job / release_job / cancel_job; read pglockkit.queue_stats.';
@@ -1311,6 +1315,42 @@ CREATE TABLE pglockkit.job_keys (
 );
 COMMENT ON TABLE pglockkit.job_keys IS
     'Running jobs per (queue, concurrency key) and the limit that governed the key''s last claim (the smallest concurrency_limit among its unfinished jobs). Maintained by the queue functions; prune_jobs deletes the rows of keys with no queued or running job.';
+
+-- Per-key rate limits (GCRA, the generic cell rate algorithm): one row per limited (queue, rate
+-- key), set by set_rate_limit. tat, the key's theoretical arrival time, is how far ahead of the
+-- clock the key's past claims have run: a claim at time t may take n jobs of the key when
+-- max(tat, t) + n * step <= t + burst * step, and moves tat to max(tat, t) + n * step. claim_job
+-- does this on the row it locked (FOR NO KEY UPDATE SKIP LOCKED) in the statement that claims the
+-- jobs, so two claimers cannot both take the last token, and no claimer waits for the row. In any
+-- window of length w, a key's claims number at most burst + w / step.
+CREATE TABLE pglockkit.job_rates (
+    queue text        NOT NULL,
+    key   text        NOT NULL,
+    rate  integer     NOT NULL CONSTRAINT job_rates_rate_positive CHECK (rate OPERATOR(pg_catalog.>) 0),
+    per   interval    NOT NULL,
+    burst integer     NOT NULL CONSTRAINT job_rates_burst_range CHECK (burst BETWEEN 1 AND 1000000),
+    step  interval    NOT NULL,
+    tat   timestamptz NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT job_rates_queue_length CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 1024),
+    CONSTRAINT job_rates_key_length CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 1024)
+);
+COMMENT ON TABLE pglockkit.job_rates IS
+    'Rate limits per (queue, rate key): rate jobs per per, bursts of up to burst; step is per / rate rounded up to a whole microsecond, tat the key''s theoretical arrival time (GCRA). Written by set_rate_limit / remove_rate_limit and claim_job; read pglockkit.rate_limits.';
+
+-- The due jobs of a rate key (rate_limits counts them) and nothing else: jobs without a rate key
+-- are not in it.
+CREATE INDEX jobs_rate_keys ON pglockkit.jobs (queue, rate_key) WHERE rate_key IS NOT NULL AND status = 'queued';
+
+-- Paused queues: claim_job claims no job of a queue with a row here.
+CREATE TABLE pglockkit.paused_queues (
+    queue     text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by text        NOT NULL,
+    CONSTRAINT paused_queues_queue_length CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 1024)
+);
+COMMENT ON TABLE pglockkit.paused_queues IS
+    'The paused queues, with when and by whom (session user). Written by pause_queue / resume_queue; queue_stats shows paused.';
 
 -- Pruning and history.
 CREATE INDEX jobs_finished ON pglockkit.jobs (finished_at) WHERE status IN ('done', 'dead', 'cancelled');
@@ -1426,7 +1466,7 @@ COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
     dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5,
-    concurrency_key text DEFAULT NULL, concurrency_limit integer DEFAULT NULL)
+    concurrency_key text DEFAULT NULL, concurrency_limit integer DEFAULT NULL, rate_key text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1465,6 +1505,14 @@ BEGIN
         RAISE EXCEPTION 'concurrency_limit % is out of range', enqueue_job.concurrency_limit
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'concurrency_limit is 1 to 10000.';
     END IF;
+    IF pg_catalog.octet_length(enqueue_job.rate_key) > 1024 THEN
+        RAISE EXCEPTION 'rate_key is % bytes, over 1024', pg_catalog.octet_length(enqueue_job.rate_key)
+            USING ERRCODE = 'check_violation', HINT = 'A rate key is at most 1024 bytes, like a queue name.';
+    END IF;
+    IF enqueue_job.rate_key = '' THEN
+        RAISE EXCEPTION 'rate_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass NULL for a job without a rate key.';
+    END IF;
     IF enqueue_job.concurrency_key IS NOT NULL THEN
         -- The key's row exists before any job with the key: claim_job's plain path relies on it.
         INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
@@ -1473,9 +1521,10 @@ BEGIN
     END IF;
     LOOP
         INSERT INTO pglockkit.jobs AS j (queue, payload, run_at, priority, dedup_key, max_attempts,
-                                         concurrency_key, concurrency_limit)
+                                         concurrency_key, concurrency_limit, rate_key)
         VALUES (enqueue_job.queue, enqueue_job.payload, enqueue_job.run_at, enqueue_job.priority,
-                enqueue_job.dedup_key, enqueue_job.max_attempts, enqueue_job.concurrency_key, enqueue_job.concurrency_limit)
+                enqueue_job.dedup_key, enqueue_job.max_attempts, enqueue_job.concurrency_key, enqueue_job.concurrency_limit,
+                enqueue_job.rate_key)
         ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
         RETURNING j.id INTO v_id;
         IF v_id IS NOT NULL THEN
@@ -1492,12 +1541,12 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pglockkit.enqueue_job(text, jsonb, timestamptz, integer, text, integer, text, integer) IS
-    'Adds a job and returns its id; NOTIFY pglockkit_jobs with the queue name wakes workers. A job is invisible until run_at. Higher priority is claimed first, then earlier run_at, then lower id. With a dedup_key, an unfinished (queued or running) job of the queue with that key is returned instead of a duplicate. With concurrency_key and concurrency_limit, at most that many jobs of the queue with that key run at once (other keys are not held up). run_at must be finite (22023); a payload over max_payload_bytes (pglockkit.settings) is refused with 54000.';
+COMMENT ON FUNCTION pglockkit.enqueue_job(text, jsonb, timestamptz, integer, text, integer, text, integer, text) IS
+    'Adds a job and returns its id; NOTIFY pglockkit_jobs with the queue name wakes workers. A job is invisible until run_at. Higher priority is claimed first, then earlier run_at, then lower id. With a dedup_key, an unfinished (queued or running) job of the queue with that key is returned instead of a duplicate. With concurrency_key and concurrency_limit, at most that many jobs of the queue with that key run at once (other keys are not held up). With a rate_key, claims of the queue''s jobs with that key follow the key''s rate limit (set_rate_limit; none set: no limit); an empty rate_key is 22023. run_at must be finite (22023); a payload over max_payload_bytes (pglockkit.settings) is refused with 54000.';
 
 CREATE FUNCTION pglockkit.enqueue_jobs(
     queue text, payloads jsonb[], run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
-    max_attempts integer DEFAULT 5)
+    max_attempts integer DEFAULT 5, rate_key text DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1525,9 +1574,18 @@ BEGIN
         RAISE EXCEPTION 'max_attempts % is out of range', enqueue_jobs.max_attempts
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
     END IF;
+    IF pg_catalog.octet_length(enqueue_jobs.rate_key) > 1024 THEN
+        RAISE EXCEPTION 'rate_key is % bytes, over 1024', pg_catalog.octet_length(enqueue_jobs.rate_key)
+            USING ERRCODE = 'check_violation', HINT = 'A rate key is at most 1024 bytes, like a queue name.';
+    END IF;
+    IF enqueue_jobs.rate_key = '' THEN
+        RAISE EXCEPTION 'rate_key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass NULL for jobs without a rate key.';
+    END IF;
     WITH inserted AS (
-        INSERT INTO pglockkit.jobs (queue, payload, run_at, priority, max_attempts)
-        SELECT enqueue_jobs.queue, p.payload, enqueue_jobs.run_at, enqueue_jobs.priority, enqueue_jobs.max_attempts
+        INSERT INTO pglockkit.jobs (queue, payload, run_at, priority, max_attempts, rate_key)
+        SELECT enqueue_jobs.queue, p.payload, enqueue_jobs.run_at, enqueue_jobs.priority, enqueue_jobs.max_attempts,
+               enqueue_jobs.rate_key
           FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n)
          ORDER BY p.n
         RETURNING id
@@ -1539,8 +1597,46 @@ BEGIN
     RETURN coalesce(v_ids, '{}');
 END
 $$;
-COMMENT ON FUNCTION pglockkit.enqueue_jobs(text, jsonb[], timestamptz, integer, integer) IS
-    'Adds one job per payload in one statement (ids in payload order) and notifies once. run_at must be finite (22023); one payload over max_payload_bytes (pglockkit.settings) refuses the whole batch (54000).';
+COMMENT ON FUNCTION pglockkit.enqueue_jobs(text, jsonb[], timestamptz, integer, integer, text) IS
+    'Adds one job per payload in one statement (ids in payload order) and notifies once; rate_key (optional) is every job''s rate key, as in enqueue_job. run_at must be finite (22023); one payload over max_payload_bytes (pglockkit.settings) refuses the whole batch (54000).';
+
+CREATE FUNCTION pglockkit._take_rate_token(queue text, key text, t timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_spent boolean;
+BEGIN
+    -- claim_job's single-job paths call this for the one job with a rate key they are about to
+    -- claim, last among its conditions (a function costs more than a column test, so the planner
+    -- orders it last), after the checks that gate the statement: it takes a token only for a job
+    -- that is then claimed in the same statement. The key's row is locked SKIP LOCKED (a row
+    -- another claimer holds: false, and the job is left to claim_job's other paths) and tat is
+    -- re-checked on the row locked, its newest version. A key without a limit: true. (A function
+    -- and not a NOT EXISTS in the claim itself: in the claim's generic plan that became a hashed
+    -- subplan, set up at every claim, jobs without a rate key too; measured a few percent of
+    -- claim + complete.)
+    WITH locked AS (
+        SELECT q.key FROM pglockkit.job_rates q
+         WHERE q.queue = _take_rate_token.queue AND q.key = _take_rate_token.key
+           AND q.tat <= _take_rate_token.t + q.step * (q.burst - 1)
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), spent AS (
+        UPDATE pglockkit.job_rates q
+           SET tat = GREATEST(q.tat, _take_rate_token.t) + q.step
+          FROM locked l
+         WHERE q.queue = _take_rate_token.queue AND q.key = l.key
+        RETURNING q.key
+    )
+    SELECT EXISTS (SELECT FROM spent) INTO v_spent;
+    RETURN v_spent OR NOT EXISTS (SELECT FROM pglockkit.job_rates q
+                                   WHERE q.queue = _take_rate_token.queue AND q.key = _take_rate_token.key);
+END
+$$;
+COMMENT ON FUNCTION pglockkit._take_rate_token(text, text, timestamptz) IS
+    'Private: takes one token of a rate-limited key for a claim at time t (GCRA: tat moves to max(tat, t) + step) if the key has one now and its row is not held by another transaction; true if taken, or if the key has no limit. Never waits.';
 
 CREATE FUNCTION pglockkit.claim_job(
     queue text, worker text, lease interval DEFAULT '5 minutes', batch integer DEFAULT 1)
@@ -1565,6 +1661,8 @@ DECLARE
     v_found   boolean;
     v_held    boolean;
     v_pause   float8;
+    v_rated   boolean;
+    v_paused  boolean;
 BEGIN
     -- (use_column: ON CONFLICT (queue, key) names columns; every parameter below is qualified.)
     -- The argument checks, as one expression when the arguments are good (each IF is an
@@ -1609,7 +1707,10 @@ BEGIN
     -- filter). A keyed first job is locked but not claimed here, and the keyed path below runs
     -- (the lock lasts until the caller's transaction ends, at once for an autocommit claim; other
     -- claimers skip that job meanwhile). For one job this is what that path would pick, without
-    -- its per-key bookkeeping, whether or not the queue has other keyed jobs.
+    -- its per-key bookkeeping, whether or not the queue has other keyed jobs. A job with a rate
+    -- key: claimed here if _take_rate_token finds the key without a limit or takes one of its
+    -- tokens in this statement (a call for such jobs only: a job without a rate key costs one
+    -- column test); otherwise left to the keyed path. A paused queue: a one-time filter too.
     IF claim_job.batch = 1
        AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
@@ -1631,8 +1732,10 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
+           AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
+           AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
     ELSIF claim_job.batch = 1 THEN
         -- Before 18, first the queue's highest priority alone (one probe finds it): the common
@@ -1655,8 +1758,10 @@ BEGIN
                 LIMIT 1
                   FOR UPDATE SKIP LOCKED)
            AND j.concurrency_key IS NULL
+           AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
+           AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
         RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         IF NOT FOUND THEN
             -- The top priority has no due job free (or its first is keyed): walk the priorities.
@@ -1694,15 +1799,17 @@ BEGIN
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT 1)
                AND j.concurrency_key IS NULL
+               AND (j.rate_key IS NULL OR pglockkit._take_rate_token(claim_job.queue, j.rate_key, v_now))
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
+               AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
         END IF;
     ELSE
         -- A batch: the first due jobs in claim order, if the queue has no concurrency keys (no key
         -- row: no queued or running job of it has a key, or had one since prune_jobs last ran;
-        -- the enqueue creates the key's row first) and no expired lease, then sorted into claim
-        -- order.
+        -- the enqueue creates the key's row first), no rate limit, no expired lease and is not
+        -- paused, then sorted into claim order.
         RETURN QUERY
         WITH RECURSIVE
         -- The queue's priorities with queued jobs, highest first, one index probe each.
@@ -1734,8 +1841,10 @@ BEGIN
                              FOR UPDATE SKIP LOCKED) x
                     LIMIT claim_job.batch))
                AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue)
+               AND NOT EXISTS (SELECT FROM pglockkit.job_rates q WHERE q.queue = claim_job.queue)
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
+               AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
         )
         SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
@@ -1746,28 +1855,33 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Nothing claimed: no job was due, or the queue has keys or expired leases. Which one?
-    -- (Separate statements, so separate snapshots under READ COMMITTED: a lease found expired only
-    -- now, or a key added only now, is handled here or by the next claim.)
+    -- Nothing claimed: no job was due, or the queue has keys, rate limits or expired leases, or
+    -- is paused. Which one? (Separate statements, so separate snapshots under READ COMMITTED: a
+    -- lease found expired only now, or a key added only now, is handled here or by the next claim.
+    -- A pause committed only now is seen by every statement below as well: each checks it.)
     SELECT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = claim_job.queue),
            EXISTS (SELECT FROM pglockkit.jobs j
-                    WHERE j.queue = claim_job.queue AND j.lease_expires_at <= v_now)
-      INTO v_keyed, v_expired;
-    IF NOT v_keyed AND NOT v_expired THEN
-        RETURN;  -- no job due (or every due job is being claimed by someone else)
+                    WHERE j.queue = claim_job.queue AND j.lease_expires_at <= v_now),
+           EXISTS (SELECT FROM pglockkit.job_rates q WHERE q.queue = claim_job.queue),
+           EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
+      INTO v_keyed, v_expired, v_rated, v_paused;
+    IF v_paused OR (NOT v_keyed AND NOT v_rated AND NOT v_expired) THEN
+        RETURN;  -- paused, or no job due (or every due job is being claimed by someone else)
     END IF;
 
-    IF NOT v_keyed THEN
+    IF NOT v_keyed AND NOT v_rated THEN
         -- No key of this queue has a row (every queued or running keyed job's key has one: the
         -- enqueue creates it first, and prune_jobs deletes only the rows of keys without such
-        -- jobs), but leases expired: reclaim them first, without the per-key bookkeeping. Keyed
-        -- jobs are excluded anyway, should one be committed meanwhile.
+        -- jobs), and it has no rate limit, but leases expired: reclaim them first, without the
+        -- per-key bookkeeping. Keyed jobs are excluded anyway, should one be committed meanwhile.
         RETURN QUERY
         WITH RECURSIVE
-        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        -- The queue's priorities with queued jobs, highest first, one index probe each (none if
+        -- the queue is paused).
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
               WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
@@ -1780,6 +1894,7 @@ BEGIN
               FROM pglockkit.jobs j
              WHERE j.queue = claim_job.queue AND j.status = 'running'
                AND j.lease_expires_at <= v_now
+               AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
@@ -1834,6 +1949,15 @@ BEGIN
     -- buried here (dead on its last attempt's expiry) is not claimed in the same call, so that
     -- each key's row changes at most once per statement; a job whose key's row is held is not
     -- buried now, the next claim does it. A key with no row at all (deleted by hand) gets one.
+    --
+    -- Per-key rate limits (job_rates, GCRA): due jobs whose rate key has no token by this
+    -- statement's snapshot are passed over; the rows of the limited rate keys among the
+    -- candidates are locked in key order, SKIP LOCKED, and each key gives at most the tokens its
+    -- locked row allows, in claim order (reclaims of expired leases count too, a claim is a claim);
+    -- its tat then moves by one step per job taken, in this statement. A limited key whose row
+    -- another claimer holds is passed over. Rate limits are applied first, then the concurrency
+    -- limits to the jobs within their rate; a job is claimed only within both. A rate key without
+    -- a limit has none. A paused queue claims nothing (its priorities and expired leases are empty).
     -- The statement ends with one row of NULLs if a key was passed over because its row was held.
     -- (The variables of this path are set here, not declared with values: the fast paths above
     -- would pay for that.)
@@ -1843,10 +1967,12 @@ BEGIN
         v_held := false;
         FOR v_job IN
         WITH RECURSIVE
-        -- The queue's priorities with queued jobs, highest first, one index probe each.
+        -- The queue's priorities with queued jobs, highest first, one index probe each (none if
+        -- the queue is paused).
         priorities(priority) AS (
             (SELECT r.priority FROM pglockkit.jobs r
               WHERE r.queue = claim_job.queue AND r.status = 'queued'
+                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
               ORDER BY r.priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT r.priority FROM pglockkit.jobs r
@@ -1855,17 +1981,18 @@ BEGIN
                      ORDER BY r.priority DESC LIMIT 1)
               FROM priorities p WHERE p.priority IS NOT NULL
         ), expired AS (
-            SELECT j.id, j.attempt >= j.max_attempts AS exhausted, j.concurrency_key
+            SELECT j.id, j.attempt >= j.max_attempts AS exhausted, j.concurrency_key, j.rate_key, j.priority, j.run_at
               FROM pglockkit.jobs j
              WHERE j.queue = claim_job.queue AND j.status = 'running'
                AND j.lease_expires_at <= v_now
+               AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
              ORDER BY j.lease_expires_at
              LIMIT claim_job.batch
                FOR UPDATE SKIP LOCKED
         ), ready AS (
-            SELECT x.id, x.priority, x.run_at, x.concurrency_key, x.concurrency_limit
+            SELECT x.id, x.priority, x.run_at, x.concurrency_key, x.concurrency_limit, x.rate_key
               FROM priorities p CROSS JOIN LATERAL (
-                   SELECT r.id, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit
+                   SELECT r.id, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit, r.rate_key
                      FROM pglockkit.jobs r
                     WHERE r.queue = claim_job.queue AND r.status = 'queued'
                       AND r.priority = p.priority AND r.run_at <= v_now
@@ -1878,6 +2005,11 @@ BEGIN
                                    WHERE m.queue = claim_job.queue
                                      AND m.concurrency_key = r.concurrency_key
                                      AND m.status IN ('queued', 'running'))))))
+                      -- A rate key without a token now (by this snapshot) is passed over.
+                      AND (r.rate_key IS NULL OR NOT EXISTS (
+                      SELECT FROM pglockkit.job_rates q
+                       WHERE q.queue = claim_job.queue AND q.key = r.rate_key
+                         AND q.tat > v_now + q.step * (q.burst - 1)))
                     ORDER BY r.run_at, r.id
                     LIMIT claim_job.batch
                       FOR UPDATE SKIP LOCKED) x
@@ -1909,16 +2041,51 @@ BEGIN
                             WHERE m.queue = claim_job.queue AND m.concurrency_key = y.key
                               AND m.status IN ('queued', 'running')) AS lim
               FROM keyed y
+        ), candidates AS (
+            -- What this claim may take: reclaims of expired leases (rank 0), then due jobs.
+            SELECT e.id, 0 AS rank, e.priority, e.run_at, e.concurrency_key, NULL::integer AS concurrency_limit, e.rate_key
+              FROM expired e WHERE NOT e.exhausted
+            UNION ALL
+            SELECT r.id, 1, r.priority, r.run_at, r.concurrency_key, r.concurrency_limit, r.rate_key FROM ready r
+        ), rated AS (
+            SELECT DISTINCT c.rate_key AS key FROM candidates c WHERE c.rate_key IS NOT NULL
+        ), rate_rows AS (
+            -- The rate keys with a limit in this statement's snapshot (a key without one has no limit).
+            SELECT q.key FROM pglockkit.job_rates q
+             WHERE q.queue = claim_job.queue AND q.key = ANY (ARRAY(SELECT y.key FROM rated y))
+        ), rate_locked AS (
+            -- Their rows, in key order, but none that another transaction holds (a claim of the
+            -- key, until it commits): never waits. The jobs the key may start now, from the newest
+            -- row version (the one locked): floor((t + burst * step - max(tat, t)) / step).
+            SELECT q.key,
+                   GREATEST(pg_catalog.floor(EXTRACT(epoch FROM v_now + q.step * q.burst - GREATEST(q.tat, v_now))
+                                             / EXTRACT(epoch FROM q.step)), 0)::integer AS tokens
+              FROM pglockkit.job_rates q
+             WHERE q.queue = claim_job.queue AND q.key = ANY (ARRAY(SELECT y.key FROM rated y))
+             ORDER BY q.key
+               FOR NO KEY UPDATE OF q SKIP LOCKED
+        ), rate_ok AS (
+            -- Candidates within their key's rate: the first tokens of each limited key, in claim
+            -- order. A limited key whose row is held has no token for this claim.
+            SELECT c.* FROM (
+                SELECT c.*, pg_catalog.row_number() OVER (PARTITION BY c.rate_key
+                                                         ORDER BY c.rank, c.priority DESC, c.run_at, c.id) AS rate_nth,
+                       rr.key IS NOT NULL AS rate_limited, coalesce(rl.tokens, 0) AS tokens
+                  FROM candidates c
+                  LEFT JOIN rate_rows rr ON rr.key = c.rate_key
+                  LEFT JOIN rate_locked rl ON rl.key = c.rate_key) c
+             WHERE NOT c.rate_limited OR c.rate_nth <= c.tokens
         ), allowed AS (
             SELECT r.*, pg_catalog.row_number() OVER (ORDER BY r.priority DESC, r.run_at, r.id) AS pos
               FROM (SELECT r.*, pg_catalog.row_number() OVER (PARTITION BY r.concurrency_key
                                                            ORDER BY r.priority DESC, r.run_at, r.id) AS nth,
                            coalesce(l.running, 0) AS running_now, l.key IS NOT NULL AS have_row,
                            m.key IS NOT NULL AS create_row, coalesce(lm.lim, r.concurrency_limit) AS key_limit
-                      FROM ready r
+                      FROM rate_ok r
                       LEFT JOIN locked l ON l.key = r.concurrency_key
                       LEFT JOIN missing m ON m.key = r.concurrency_key
-                      LEFT JOIN limits lm ON lm.key = r.concurrency_key) r
+                      LEFT JOIN limits lm ON lm.key = r.concurrency_key
+                     WHERE r.rank = 1) r
              WHERE r.concurrency_key IS NULL
                 OR ((r.have_row OR r.create_row)
                     AND r.nth OPERATOR(pg_catalog.<=) (r.key_limit OPERATOR(pg_catalog.-) r.running_now)
@@ -1926,7 +2093,7 @@ BEGIN
                                                    WHERE e.exhausted AND e.concurrency_key IS NOT NULL))
         ), kept AS (
             SELECT a.* FROM allowed a
-             WHERE a.pos OPERATOR(pg_catalog.<=) (claim_job.batch OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM expired e WHERE NOT e.exhausted))
+             WHERE a.pos OPERATOR(pg_catalog.<=) (claim_job.batch OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM rate_ok o WHERE o.rank = 0))
         ), buried AS (
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
@@ -1963,12 +2130,30 @@ BEGIN
               FROM kept kk WHERE kk.create_row GROUP BY kk.concurrency_key ORDER BY kk.concurrency_key
             ON CONFLICT DO NOTHING
             RETURNING k.key
+        ), spend AS (
+            -- The tokens the kept jobs take, per limited rate key.
+            SELECT t.rate_key AS key, pg_catalog.count(*)::int AS n
+              FROM (SELECT o.rate_key FROM rate_ok o WHERE o.rank = 0 AND o.rate_limited
+                    UNION ALL
+                    SELECT kk.rate_key FROM kept kk WHERE kk.rate_limited) t
+             GROUP BY t.rate_key
+        ), spent AS (
+            -- Rows locked above: no wait. At most tokens jobs per key were kept, so tat stays
+            -- within t + burst * step.
+            UPDATE pglockkit.job_rates q
+               SET tat = GREATEST(q.tat, v_now) + q.step * g.n
+              FROM spend g
+             WHERE q.queue = claim_job.queue
+               AND q.key = ANY (ARRAY(SELECT s.key FROM spend s)) AND q.key = g.key
+            RETURNING q.key
         ), picked AS (
-            SELECT e.id, 0 AS rank, 0::int8 AS pos FROM expired e WHERE NOT e.exhausted
+            SELECT o.id, 0 AS rank, 0::int8 AS pos FROM rate_ok o
+             WHERE o.rank = 0 AND (NOT o.rate_limited OR o.rate_key IN (SELECT sp.key FROM spent sp))
             UNION ALL
             SELECT kk.id, 1, kk.pos FROM kept kk
-             WHERE kk.concurrency_key IS NULL
-                OR kk.concurrency_key IN (SELECT rs.key FROM reserved rs UNION ALL SELECT c.key FROM created c)
+             WHERE (kk.concurrency_key IS NULL
+                    OR kk.concurrency_key IN (SELECT rs.key FROM reserved rs UNION ALL SELECT c.key FROM created c))
+               AND (NOT kk.rate_limited OR kk.rate_key IN (SELECT sp.key FROM spent sp))
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
@@ -1988,6 +2173,7 @@ BEGIN
                         WHERE r.concurrency_key IS NOT NULL
                           AND r.concurrency_key NOT IN (SELECT l.key FROM locked l)
                           AND r.concurrency_key NOT IN (SELECT m.key FROM missing m))
+            OR EXISTS (SELECT FROM rate_rows rr WHERE rr.key NOT IN (SELECT rl.key FROM rate_locked rl))
         LOOP
             IF v_job.id IS NULL THEN
                 v_held := true;
@@ -2009,7 +2195,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.claim_job(text, text, interval, integer) IS
-    'Claims up to batch (1..1000) jobs of queue for worker, with a lease; never waits for a lock (SKIP LOCKED). Jobs whose lease expired are reclaimed first (counting an attempt; on the last attempt they go dead with "lease expired"), then due jobs by priority (higher first), run_at, id. A job with a concurrency key starts only while the key''s running jobs are fewer than the smallest concurrency_limit among its queued and running jobs; a key whose counter row another transaction holds at that moment is passed over by this claim. Each row carries a new fencing token for complete_job / fail_job / extend_job / release_job.';
+    'Claims up to batch (1..1000) jobs of queue for worker, with a lease; never waits for a lock (SKIP LOCKED). Jobs whose lease expired are reclaimed first (counting an attempt; on the last attempt they go dead with "lease expired"), then due jobs by priority (higher first), run_at, id. A job with a concurrency key starts only while the key''s running jobs are fewer than the smallest concurrency_limit among its queued and running jobs; a key whose counter row another transaction holds at that moment is passed over by this claim. A job with a rate key that has a rate limit (set_rate_limit) is claimed only within the key''s rate, in the same statement: jobs over it are passed over, not waited for, and other keys'' jobs are claimed instead. A paused queue (pause_queue) claims nothing. Each row carries a new fencing token for complete_job / fail_job / extend_job / release_job.';
 
 CREATE FUNCTION pglockkit.complete_job(id bigint, token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2288,23 +2474,155 @@ COMMENT ON FUNCTION pglockkit.prune_jobs(interval, text, boolean) IS
     'Deletes done and cancelled jobs (and dead ones with include_dead) that finished more than older_than ago, in one queue or all; returns how many. Also deletes the job_keys rows of concurrency keys with no queued or running job (whatever older_than), which gives a queue whose keys are all idle the claim path of a queue without keys again. Never waits for a claim. Run it from cron, e.g. prune_jobs(''7 days'').';
 
 CREATE VIEW pglockkit.queue_stats AS
-SELECT j.queue,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
-       pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
-       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-           -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
-           pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
-       pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
-                                    AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
-  FROM pglockkit.jobs j
- GROUP BY j.queue;
+SELECT coalesce(s.queue, p.queue) AS queue,
+       coalesce(s.ready, 0) AS ready, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.running, 0) AS running,
+       coalesce(s.expired_leases, 0) AS expired_leases, coalesce(s.done, 0) AS done, coalesce(s.dead, 0) AS dead,
+       coalesce(s.cancelled, 0) AS cancelled, s.oldest_ready_age, coalesce(s.done_last_minute, 0) AS done_last_minute,
+       p.queue IS NOT NULL AS paused
+  FROM (SELECT j.queue,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                   -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
+                   pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
+               pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
+                                            AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
+          FROM pglockkit.jobs j
+         GROUP BY j.queue) s
+  FULL JOIN pglockkit.paused_queues p ON p.queue OPERATOR(pg_catalog.=) s.queue;
 COMMENT ON VIEW pglockkit.queue_stats IS
-    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity) and jobs done in the last minute. Scans the table: for dashboards, not hot paths.';
+    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity), jobs done in the last minute, and whether the queue is paused (pause_queue; a paused queue without jobs has a row of zeros). Scans the table: for dashboards, not hot paths.';
+
+CREATE VIEW pglockkit.rate_limits AS
+SELECT q.queue, q.key, q.rate, q.per, q.burst,
+       GREATEST(q.tat OPERATOR(pg_catalog.-) (q.step OPERATOR(pg_catalog.*) (q.burst OPERATOR(pg_catalog.-) 1)), n.t) AS next_allowed_at,
+       GREATEST(pg_catalog.floor(EXTRACT(epoch FROM (n.t OPERATOR(pg_catalog.+) (q.step OPERATOR(pg_catalog.*) q.burst))
+                                                    OPERATOR(pg_catalog.-) GREATEST(q.tat, n.t))
+                                 OPERATOR(pg_catalog./) EXTRACT(epoch FROM q.step)), 0)::integer AS tokens,
+       (SELECT pg_catalog.count(*) FROM pglockkit.jobs j
+         WHERE j.queue OPERATOR(pg_catalog.=) q.queue AND j.rate_key OPERATOR(pg_catalog.=) q.key
+           AND j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) n.t) AS waiting
+  FROM pglockkit.job_rates q
+ CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS t) n;
+COMMENT ON VIEW pglockkit.rate_limits IS
+    'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
+
+CREATE FUNCTION pglockkit.set_rate_limit(queue text, key text, rate integer, per interval, burst integer DEFAULT 1)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := clock_timestamp();
+    v_step interval;
+BEGIN
+    PERFORM pglockkit._check_queue(set_rate_limit.queue);
+    IF set_rate_limit.key IS NULL OR set_rate_limit.rate IS NULL OR set_rate_limit.per IS NULL
+       OR set_rate_limit.burst IS NULL THEN
+        RAISE EXCEPTION 'key, rate, per and burst must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF set_rate_limit.key = '' THEN
+        RAISE EXCEPTION 'rate key must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_rate_limit.rate <= 0 THEN
+        RAISE EXCEPTION 'rate must be positive, got %', set_rate_limit.rate USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'To stop a key''s jobs, pause the queue (pause_queue); to lift the limit, remove_rate_limit.';
+    END IF;
+    IF NOT isfinite(set_rate_limit.per) OR set_rate_limit.per <= interval '0' THEN
+        RAISE EXCEPTION 'per must be a positive finite interval, got %', set_rate_limit.per
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_rate_limit.per > interval '366 days' THEN
+        RAISE EXCEPTION 'per % is out of range', set_rate_limit.per USING ERRCODE = 'numeric_value_out_of_range',
+            HINT = 'per is at most 366 days.';
+    END IF;
+    IF set_rate_limit.burst < 1 THEN
+        RAISE EXCEPTION 'burst must be at least 1, got %', set_rate_limit.burst USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'burst is how many jobs of the key may start at once; 1 spaces them evenly.';
+    END IF;
+    IF set_rate_limit.burst > 1000000 THEN
+        RAISE EXCEPTION 'burst % is out of range', set_rate_limit.burst USING ERRCODE = 'numeric_value_out_of_range',
+            HINT = 'burst is 1 to 1000000.';
+    END IF;
+    -- The spacing of the key's jobs, rounded up to a whole microsecond (timestamptz's resolution):
+    -- the limit is never looser than asked.
+    v_step := make_interval(secs => ceil(EXTRACT(epoch FROM set_rate_limit.per) * 1000000 / set_rate_limit.rate) / 1000000);
+    IF EXTRACT(epoch FROM v_step) * set_rate_limit.burst > 316224000 THEN
+        RAISE EXCEPTION 'a burst of % jobs at % per % is out of range', set_rate_limit.burst, set_rate_limit.rate, set_rate_limit.per
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  HINT = 'burst * per / rate (the time a full burst takes to come back) is at most 3660 days.';
+    END IF;
+    -- A new key starts with a full burst; a changed one keeps its place (tat), but owes at most
+    -- one full burst of the new limit.
+    INSERT INTO pglockkit.job_rates AS q (queue, key, rate, per, burst, step, tat)
+    VALUES (set_rate_limit.queue, set_rate_limit.key, set_rate_limit.rate, set_rate_limit.per, set_rate_limit.burst,
+            v_step, v_now)
+    ON CONFLICT (queue, key) DO UPDATE
+       SET rate = EXCLUDED.rate, per = EXCLUDED.per, burst = EXCLUDED.burst, step = EXCLUDED.step,
+           tat = LEAST(q.tat, v_now + EXCLUDED.step * EXCLUDED.burst);
+    PERFORM pg_notify('pglockkit_jobs', set_rate_limit.queue);
+END
+$$;
+COMMENT ON FUNCTION pglockkit.set_rate_limit(text, text, integer, interval, integer) IS
+    'Limits how fast claim_job starts the jobs of queue whose rate_key is key: at most rate per per on average, bursts of up to burst at once (in any window of length w, at most burst + rate * w / per claims; per / rate is rounded up to a whole microsecond). Jobs over the rate are passed over, never waited for. Replaces the key''s limit if it has one. pglockkit_admin only. 22004 for a NULL argument; 22023 for an empty queue or key, rate <= 0, per not positive and finite, burst < 1; 22003 for per over 366 days, burst over 1000000, or burst * per / rate over 3660 days; 23514 for a queue or key over 1024 bytes.';
+
+CREATE FUNCTION pglockkit.remove_rate_limit(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglockkit._check_queue(remove_rate_limit.queue);
+    IF remove_rate_limit.key IS NULL THEN
+        RAISE EXCEPTION 'key must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    DELETE FROM pglockkit.job_rates q WHERE q.queue = remove_rate_limit.queue AND q.key = remove_rate_limit.key;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('pglockkit_jobs', remove_rate_limit.queue);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.remove_rate_limit(text, text) IS
+    'Lifts the rate limit of a queue''s rate key: true if it had one, false if not (nothing changed). pglockkit_admin only. 22004 for a NULL queue or key; 22023 for an empty queue.';
+
+CREATE FUNCTION pglockkit.pause_queue(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglockkit._check_queue(pause_queue.queue);
+    INSERT INTO pglockkit.paused_queues AS p (queue, paused_at, paused_by)
+    VALUES (pause_queue.queue, clock_timestamp(), session_user)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.pause_queue(text) IS
+    'Pauses a queue: once this commits, claim_job claims none of its jobs (a claim whose statement started before still may). Jobs already running go on, and complete_job / fail_job / extend_job work as before; enqueue_job still adds jobs. True if the queue was running, false if it was paused already. pglockkit_admin only. 22004 for a NULL queue, 22023 for an empty one.';
+
+CREATE FUNCTION pglockkit.resume_queue(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglockkit._check_queue(resume_queue.queue);
+    DELETE FROM pglockkit.paused_queues p WHERE p.queue = resume_queue.queue;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('pglockkit_jobs', resume_queue.queue);  -- wakes the workers
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.resume_queue(text) IS
+    'Resumes a paused queue (NOTIFY pglockkit_jobs wakes its workers): true if it was paused, false if not. pglockkit_admin only. 22004 for a NULL queue, 22023 for an empty one.';
 
 CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
 
@@ -3407,7 +3725,7 @@ $$;
 CREATE FUNCTION pglockkit._admin_only(proname name) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule}'::name[]) $$;
+AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
 COMMENT ON FUNCTION pglockkit._admin_only(name) IS
     'Private: true for the functions only pglockkit_admin may execute (they change what every worker works with or may store, or delete history).';
 
@@ -3417,6 +3735,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause');
 
 COMMIT;

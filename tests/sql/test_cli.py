@@ -125,3 +125,32 @@ def test_uninstall_refuses_while_a_user_view_depends_on_the_kit_then_cascade_dro
     assert "no pglockkit objects remain" in done.stdout
     assert "  view public.my_stats (uses view pglockkit.queue_stats)" in done.stdout
     assert db.conn.execute("SELECT to_regnamespace('pglockkit')").fetchone()[0] is None
+
+
+@pytest.mark.parametrize("server", ["pg18"], indirect=True)
+def test_pause_resume_and_rate_limit_commands_and_what_top_and_doctor_show(db):
+    """One server: the commands are Python calls the SQL tests cover on both."""
+    enq = run("enqueue", "mail", '{"to": "ana"}', "--rate-key", "smtp", "--dsn", db.dsn)
+    assert enq.returncode == 0, enq.stderr
+    assert run("pause", "mail", "--dsn", db.dsn).stdout.strip() == "queue mail: paused"
+    assert run("pause", "mail", "--dsn", db.dsn).stdout.strip() == "queue mail: already paused"
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.claim_job('mail', 'w')").fetchone()[0] == 0
+    assert "PAUSED" in next(
+        line for line in run("top", "--once", "--dsn", db.dsn).stdout.splitlines() if "mail" in line
+    )
+    doctor = run("doctor", "--fail-on", "error", "--dsn", db.dsn).stdout
+    assert "queue mail is paused: none of its 1 ready job(s) is claimed" in doctor
+    assert "pglockkit resume mail" in doctor
+    assert run("resume", "mail", "--dsn", db.dsn).stdout.strip() == "queue mail: resumed"
+    assert run("resume", "mail", "--dsn", db.dsn).stdout.strip() == "queue mail: was not paused"
+    out = run("rate-limit", "set", "mail", "smtp", "10", "--per", "1m", "--burst", "3", "--dsn", db.dsn)
+    assert out.stdout.strip() == "queue mail, key smtp: at most 10 per 1.0m, burst 3", out.stderr
+    listed = run("rate-limit", "list", "--dsn", db.dsn).stdout.splitlines()
+    assert listed[0].split()[:5] == ["queue", "key", "rate", "per", "burst"]
+    assert listed[1].split()[:5] == ["mail", "smtp", "10", "0:01:00", "3"]
+    bad = run("rate-limit", "set", "mail", "smtp", "10", "--burst", "0", "--dsn", db.dsn)
+    assert bad.returncode == 2 and "--burst" in bad.stderr  # argparse: a positive integer
+    assert run("rate-limit", "set", "mail", "--dsn", db.dsn).returncode == 2
+    out = run("rate-limit", "remove", "mail", "smtp", "--dsn", db.dsn)
+    assert out.stdout.strip() == "queue mail, key smtp: limit removed"
+    assert run("rate-limit", "list", "mail", "--dsn", db.dsn).stdout.count("\n") == 1  # the header

@@ -488,6 +488,7 @@ job_id = ("id", bigint_arg((1, 2), lives=("job.id", "job1.id", "jobk.id", "done.
 job_token = ("token", bigint_arg((1,), lives=("job.token", "job1.token", "jobk.token", "done.token")))
 queue_p = ("queue", text_arg(QUEUES))
 new_queue_p = ("queue", text_arg(QUEUES, indexed=True))
+rate_key_p = ("rate_key", text_arg(("r1", "r2"), indexed=True), True)
 
 FUNCTIONS: dict[str, Fn] = {
     "lock_key(text, text)": fn([ns_p, res_text], {NULL_, UNKNOWN}),
@@ -566,7 +567,7 @@ FUNCTIONS: dict[str, Fn] = {
         session_locks=True,
     ),
     "prune_runs(interval)": fn([("older_than", interval_arg(("0", "1 s", "7 days")))], {NULL_, BAD}),
-    "enqueue_job(text, jsonb, timestamp with time zone, integer, text, integer, text, integer)": fn(
+    "enqueue_job(text, jsonb, timestamp with time zone, integer, text, integer, text, integer, text)": fn(
         [
             new_queue_p,
             ("payload", arg(jsonb_values()), True),
@@ -576,16 +577,18 @@ FUNCTIONS: dict[str, Fn] = {
             ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
             ("concurrency_key", text_arg(("k1", "k2"), indexed=True), True),
             ("concurrency_limit", int_arg((1, 2, 10000, 10001, 0)), True),
+            rate_key_p,
         ],
         {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
-    "enqueue_jobs(text, jsonb[], timestamp with time zone, integer, integer)": fn(
+    "enqueue_jobs(text, jsonb[], timestamp with time zone, integer, integer, text)": fn(
         [
             new_queue_p,
             ("payloads", jsonb_array_arg()),
             ("run_at", arg(timestamptz_values()), True),
             ("priority", int_arg(), True),
             ("max_attempts", int_arg((1, 5, 1000, 1001, 0)), True),
+            rate_key_p,
         ],
         {NULL_, BAD, RANGE, CHECK, TOO_BIG},
     ),
@@ -672,6 +675,19 @@ FUNCTIONS: dict[str, Fn] = {
     "tick_schedules(timestamp with time zone)": fn(
         [("as_of", arg(timestamptz_values()), True)], {BAD, TOO_FAR}
     ),
+    "set_rate_limit(text, text, integer, interval, integer)": fn(
+        [
+            new_queue_p,
+            ("key", text_arg(("r1", "r2"), indexed=True)),
+            ("rate", int_arg((1, 10, 1000000, 0, -1))),
+            ("per", interval_arg(("1 s", "1 minute", "366 days", "367 days", "0", "-1 s"))),
+            ("burst", int_arg((1, 5, 1000000, 1000001, 0)), True),
+        ],
+        {NULL_, BAD, RANGE, CHECK},
+    ),
+    "remove_rate_limit(text, text)": fn([queue_p, ("key", text_arg(("r1", "r2")))], {NULL_, BAD}),
+    "pause_queue(text)": fn([new_queue_p], {NULL_, BAD, CHECK}),
+    "resume_queue(text)": fn([queue_p], {NULL_, BAD}),
 }
 
 
@@ -761,6 +777,9 @@ SELECT v FROM (
   SELECT format('job %s: concurrency key without limit or empty', id) FROM pglockkit.jobs
    WHERE (concurrency_key IS NULL) <> (concurrency_limit IS NULL) OR concurrency_key = ''
   UNION ALL
+  SELECT format('job %s: rate key empty or over 1024 bytes', id) FROM pglockkit.jobs
+   WHERE rate_key = '' OR octet_length(rate_key) > 1024
+  UNION ALL
   SELECT format('claim token %s given to %s jobs', token, count(*)) FROM pglockkit.jobs
    WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1
   UNION ALL
@@ -783,6 +802,12 @@ SELECT v FROM (
     FROM pglockkit.jobs j
    WHERE j.status = 'running' AND j.concurrency_key IS NOT NULL
      AND NOT EXISTS (SELECT FROM pglockkit.job_keys k WHERE k.queue = j.queue AND k.key = j.concurrency_key)
+  UNION ALL
+  SELECT format('rate limit %s/%s: rate %s per %s burst %s step %s, tat %s more than a burst ahead',
+                queue, key, rate, per, burst, step, tat)
+    FROM pglockkit.job_rates
+   WHERE rate < 1 OR burst < 1 OR step < interval '1 microsecond' OR per <= interval '0'
+      OR tat > clock_timestamp() + step * burst
   UNION ALL
   SELECT format('run %s is %s with finished_at %s, attempt %s', id, status, finished_at, attempt)
     FROM pglockkit.runs
@@ -1100,6 +1125,10 @@ FATAL_NULLS = {
     "prune_jobs": ("older_than", "include_dead"),
     "sample": ("retention",),
     "set_max_payload_bytes": ("bytes",),
+    "set_rate_limit": ("queue", "key", "rate", "per", "burst"),
+    "remove_rate_limit": ("queue", "key"),
+    "pause_queue": ("queue",),
+    "resume_queue": ("queue",),
 }
 
 

@@ -86,6 +86,9 @@ def test_a_worker_cannot_renew_release_or_take_another_holders_lease(db, as_role
         "pglockkit.retry_dead_jobs('q')",
         "pglockkit.sample('0 s')",
         "pglockkit.set_max_payload_bytes(4096)",
+        # What every worker may claim: rate limits and pauses (each function's ACL: test_install).
+        "pglockkit.set_rate_limit('q', 'k', 10, '1 s', 5), pglockkit.remove_rate_limit('q', 'k')",
+        "pglockkit.pause_queue('q'), pglockkit.resume_queue('q')",
     ],
 )
 def test_only_the_admin_role_changes_the_registry_or_deletes_history(db, as_role, call):

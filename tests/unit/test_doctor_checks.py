@@ -115,3 +115,20 @@ def test_findings_render_most_severe_first_with_counts():
     assert text.splitlines()[0].startswith("[ERROR] transaction-mode pooler: ")
     assert text.splitlines()[-1] == "1 info, 1 error"
     assert monitor.render_findings([]) == "pglockkit doctor: no findings"
+
+
+def test_a_paused_queue_is_a_finding_and_its_lag_is_not():
+    rows = [
+        {
+            "queue": "p",
+            "ready": 7,
+            "dead": 0,
+            "expired_leases": 0,
+            "oldest_ready_age": timedelta(hours=1),
+            "paused": True,
+        }
+    ]
+    [finding] = check_queues(rows, timedelta(minutes=5))
+    assert (finding.severity, finding.check) == ("info", "paused queue")
+    assert finding.message == "queue p is paused: none of its 7 ready job(s) is claimed"
+    assert "pglockkit resume p" in finding.fix
