@@ -1,12 +1,42 @@
 -- pglockkit 0003: acquire_lease and release_lease at the cost of a hand-rolled lease upsert
 -- (issue 16). acquire_lease does its common cases (renew a live lease of the same holder, take a
 -- free one) in one INSERT ... ON CONFLICT DO UPDATE, which draws the token after it has locked
--- the name's row; the rest (a new name, a lease held by another, bind_session, a row changed
--- while it waited) goes the general way, as before. The argument checks of acquire, renew and
--- release are inline comparisons. Same names, signatures, results, tokens, errors. The why and
+-- the name's row; the rest (a new name, a lease held by another, bind_session, a row bound to
+-- this backend) goes the general way, as before. The argument checks of acquire, renew and
+-- release are inline comparisons. A lease's name and token are checked by domains instead of
+-- CHECK constraints on the table (same constraint names, same 23514), which the executor would
+-- prepare again for every write. Same names, signatures, results, tokens, errors. The why and
 -- the figures: sql/schema/03_leases.sql and CHANGELOG.md.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
+
+CREATE DOMAIN pglockkit.lease_name AS text
+    CONSTRAINT leases_name_check CHECK (VALUE OPERATOR(pg_catalog.<>) '')
+    CONSTRAINT leases_name_length CHECK (pg_catalog.octet_length(VALUE) OPERATOR(pg_catalog.<=) 1024);
+COMMENT ON DOMAIN pglockkit.lease_name IS
+    'A lease name: not empty, at most 1024 bytes (23514, constraint leases_name_length).';
+CREATE DOMAIN pglockkit.lease_token AS bigint
+    CONSTRAINT leases_token_check CHECK (VALUE OPERATOR(pg_catalog.>) 0);
+COMMENT ON DOMAIN pglockkit.lease_token IS
+    'A lease fencing token: positive.';
+
+-- The view reads the columns whose type changes: dropped and made again, as in 03_leases.sql.
+DROP VIEW pglockkit.lease_status;
+ALTER TABLE pglockkit.leases
+    DROP CONSTRAINT leases_name_check,
+    DROP CONSTRAINT leases_token_check,
+    DROP CONSTRAINT leases_name_length,
+    ALTER COLUMN name TYPE pglockkit.lease_name,
+    ALTER COLUMN token TYPE pglockkit.lease_token;
+
+CREATE VIEW pglockkit.lease_status AS
+SELECT l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
+       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
+       l.session_bound, l.holder_pid
+  FROM pglockkit.leases l;
+COMMENT ON VIEW pglockkit.lease_status IS
+    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';
 
 CREATE OR REPLACE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
 RETURNS bigint
