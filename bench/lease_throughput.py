@@ -11,7 +11,9 @@ The baseline does the same with plain SQL on a plain table: an `INSERT ... ON CO
 i.e. what a hand-rolled lease costs without validation, fencing state or session binding.
 
 Reported: median cycles/s (successful acquire+release pairs) and attempts/s over --runs runs,
-pglockkit runs interleaved with baseline runs, and the ratio pglockkit/baseline.
+pglockkit runs interleaved with baseline runs, the ratio of the medians pglockkit/baseline, and
+the median of the per-run ratios (each pglockkit run over the baseline run next to it in time):
+on a shared machine the load drifts between runs, and a pair measured back to back shares it.
 
 Reproduce: python -m bench.lease_throughput --embedded   (or --dsn DSN); about 40 s by default.
 """
@@ -150,6 +152,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                     )
             kit = statistics.median(c for c, _ in rates["pglockkit"])
             bare = statistics.median(c for c, _ in rates["bare upsert"])
+            paired = [
+                k / b for (k, _), (b, _) in zip(rates["pglockkit"], rates["bare upsert"], strict=True) if b
+            ]
             rows.append(
                 {
                     "clients": clients,
@@ -157,6 +162,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                     "pglockkit_cycles_s": kit,
                     "baseline_cycles_s": bare,
                     "ratio": kit / bare,
+                    "paired_ratio": statistics.median(paired) if paired else None,
                     "pglockkit_runs": rates["pglockkit"],
                     "baseline_runs": rates["bare upsert"],
                 }
@@ -176,17 +182,23 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     lines += [f"- {key}: {env[key]}" for key in ("date", "command", "server_version", "platform", "nproc")]
     lines += [
         "",
-        "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement)",
+        "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement);",
+        "ratio: of the medians; paired: median of each pglockkit run over the baseline run next to it",
         "",
-        "| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio |",
-        "|--:|---|--:|--:|--:|",
+        "| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio | paired |",
+        "|--:|---|--:|--:|--:|--:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['clients']} | {r['shape']} | {spread([c for c, _ in r['pglockkit_runs']])} "
-            f"| {spread([c for c, _ in r['baseline_runs']])} | {r['ratio']:.2f} |"
+            f"| {spread([c for c, _ in r['baseline_runs']])} | {r['ratio']:.2f} "
+            f"| {_ratio(r['paired_ratio'])} |"
         )
     return {"environment": env, "rows": rows, "markdown": "\n".join(lines)}
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

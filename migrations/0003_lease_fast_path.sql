@@ -64,7 +64,11 @@ BEGIN
 
     IF NOT bind_session THEN
         INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
-        VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now + acquire_lease.ttl, v_now)
+        SELECT acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now + acquire_lease.ttl, v_now
+         WHERE NOT EXISTS (SELECT FROM pglockkit.leases h
+                            WHERE h.name = acquire_lease.name AND h.released_at IS NULL
+                              AND h.holder <> acquire_lease.holder AND NOT h.session_bound
+                              AND h.expires_at > pg_catalog.clock_timestamp())
         ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
            -- One clock reading, after the row lock (which may have waited), decides and stamps.
            SET (holder, token, acquired_at, renewed_at, expires_at, released_at, session_bound,
@@ -84,8 +88,15 @@ BEGIN
            AND (l.released_at IS NOT NULL OR l.expires_at <= pg_catalog.clock_timestamp()
                 OR l.holder = excluded.holder)
         RETURNING l.token, l.released_at IS NOT NULL INTO v_token, v_new;
-        IF FOUND AND NOT v_new THEN
-            RETURN v_token;
+        IF FOUND THEN
+            IF NOT v_new THEN
+                RETURN v_token;
+            END IF;
+        ELSIF EXISTS (SELECT FROM pglockkit.leases h
+                       WHERE h.name = acquire_lease.name AND h.released_at IS NULL
+                         AND h.holder <> acquire_lease.holder AND NOT h.session_bound
+                         AND h.expires_at > pg_catalog.clock_timestamp()) THEN
+            RETURN NULL;  -- live, another holder's, unbound: seen without locking its row
         END IF;
     END IF;
 

@@ -477,11 +477,12 @@ def test_acquirers_racing_for_a_freed_lease_draw_no_token_they_do_not_hand_out(d
 
 
 def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
-    """The holder releases inside a transaction that stays open; an acquirer waits for the row.
-    It gets the next token once the release commits, and its lease starts no earlier than the
-    release: its time is read after the wait, not before."""
+    """The lease has expired; its holder releases it inside a transaction that stays open, so an
+    acquirer waits for the row. It gets the next token once the release commits, and its lease
+    starts no earlier than that: its time is read after the wait, not before."""
     with db.connect() as holder, db.connect() as rival:
-        token = acquire_lease(holder, "slow-release", "holder", 60)
+        token = acquire_lease(holder, "slow-release", "holder", timedelta(milliseconds=100))
+        time.sleep(0.15)
         holder.execute("BEGIN")
         assert release_lease(holder, "slow-release", "holder", token)
         got = {}
@@ -499,6 +500,22 @@ def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
             "SELECT acquired_at, renewed_at FROM pglockkit.leases WHERE name = 'slow-release'"
         ).fetchone()
         assert acquired == renewed and acquired >= before_commit
+
+
+def test_a_contender_that_loses_locks_nothing_and_holds_up_no_one(db):
+    """A lease another holder has live: acquire_lease answers NULL without locking the row or
+    writing anything, so the holder renews and releases at once while the loser's transaction is
+    still open (a loser that locked the row would hold them up until it commits)."""
+    with db.connect() as holder, db.connect() as rival:
+        token = acquire_lease(holder, "polled", "holder", 60)
+        rival.execute("BEGIN")
+        assert acquire_lease(rival, "polled", "rival", 60) is None
+        assert rival.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
+        holder.execute("SET lock_timeout = '2s'")
+        assert renew_lease(holder, "polled", "holder", token, 60)
+        assert release_lease(holder, "polled", "holder", token)
+        assert acquire_lease(rival, "polled", "rival", 60) == token + 1  # free now: taken
+        rival.execute("COMMIT")
 
 
 def test_the_same_holder_renewing_a_row_renewed_while_it_waited_keeps_the_later_times(db):
