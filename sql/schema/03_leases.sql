@@ -346,7 +346,7 @@ COMMENT ON FUNCTION pglockkit.check_fence(text, bigint) IS
     'Call inside the writer''s transaction before it writes: raises PK001 unless token is the live lease''s token, and holds the lease row (FOR SHARE) so that the lease cannot change hands before this transaction ends.';
 
 CREATE VIEW pglockkit.lease_status AS
-SELECT l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+SELECT l.name::text AS name, l.holder, l.token::bigint AS token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
        CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
        (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
        l.session_bound, l.holder_pid
