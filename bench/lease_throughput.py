@@ -6,12 +6,19 @@ own autocommit statement, for --seconds. Two shapes:
 - contended: every client fights for one lease name (only one can hold it at a time);
 - spread: every client has its own name (no contention: the per-call cost).
 
+Contenders poll as fast as they can by default; with --miss-pause-ms P a client that did not get
+the lease sleeps P ms before it tries again, as a real poller would. Polling flat out, the
+cycles/s of the contended shape also measure how much CPU the losers leave the holder: a loser
+that answers sooner polls more often.
+
 The baseline does the same with plain SQL on a plain table: an `INSERT ... ON CONFLICT DO UPDATE
 ... WHERE expired OR same holder RETURNING token` upsert to acquire and an `UPDATE` to release,
 i.e. what a hand-rolled lease costs without validation, fencing state or session binding.
 
 Reported: median cycles/s (successful acquire+release pairs) and attempts/s over --runs runs,
-pglockkit runs interleaved with baseline runs, and the ratio pglockkit/baseline.
+pglockkit runs interleaved with baseline runs, the ratio of the medians pglockkit/baseline, and
+the median of the per-run ratios (each pglockkit run over the baseline run next to it in time):
+on a shared machine the load drifts between runs, and a pair measured back to back shares it.
 
 Reproduce: python -m bench.lease_throughput --embedded   (or --dsn DSN); about 40 s by default.
 """
@@ -67,6 +74,7 @@ def _client(
     seconds: float,
     barrier: threading.Barrier,
     out: list[tuple[int, int]],
+    miss_pause: float = 0.0,
 ) -> None:
     acquire, release = DESIGNS[design]
     cycles = attempts = 0
@@ -82,11 +90,13 @@ def _client(
                 params["token"] = token
                 conn.execute(release, params, prepare=True)
                 cycles += 1
+            elif miss_pause:
+                time.sleep(miss_pause)
     out.append((cycles, attempts))
 
 
 def run_once(
-    dsn: str, design: str, clients: int, contended: bool, seconds: float, tag: str
+    dsn: str, design: str, clients: int, contended: bool, seconds: float, tag: str, miss_pause: float = 0.0
 ) -> tuple[float, float]:
     barrier = threading.Barrier(clients)
     out: list[tuple[int, int]] = []
@@ -101,6 +111,7 @@ def run_once(
                 seconds,
                 barrier,
                 out,
+                miss_pause,
             ),
         )
         for i in range(clients)
@@ -120,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", default="1,8", help="comma-separated client counts (default 1,8)")
+    parser.add_argument(
+        "--miss-pause-ms",
+        type=float,
+        default=0.0,
+        help="a client that did not get the lease sleeps this long before it tries again "
+        "(default 0: contenders poll as fast as they can)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     return parser
 
@@ -141,7 +159,8 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 order = list(DESIGNS) if run % 2 == 0 else list(DESIGNS)[::-1]
                 for design in order:
                     tag = f"{design[:3]}-{clients}-{int(contended)}-{run}-{time.time_ns()}"
-                    rates[design].append(run_once(dsn, design, clients, contended, args.seconds, tag))
+                    pause = args.miss_pause_ms / 1000
+                    rates[design].append(run_once(dsn, design, clients, contended, args.seconds, tag, pause))
                     print(
                         f"clients={clients} contended={contended} run={run + 1} {design}: "
                         f"{rates[design][-1][0]:,.0f} cycles/s",
@@ -150,6 +169,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                     )
             kit = statistics.median(c for c, _ in rates["pglockkit"])
             bare = statistics.median(c for c, _ in rates["bare upsert"])
+            paired = [
+                k / b for (k, _), (b, _) in zip(rates["pglockkit"], rates["bare upsert"], strict=True) if b
+            ]
             rows.append(
                 {
                     "clients": clients,
@@ -157,6 +179,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                     "pglockkit_cycles_s": kit,
                     "baseline_cycles_s": bare,
                     "ratio": kit / bare,
+                    "paired_ratio": statistics.median(paired) if paired else None,
                     "pglockkit_runs": rates["pglockkit"],
                     "baseline_runs": rates["bare upsert"],
                 }
@@ -170,23 +193,34 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         "platform": platform.platform(),
         "nproc": nproc(),
         "seconds": args.seconds,
+        "miss_pause_ms": args.miss_pause_ms,
         "runs": args.runs,
     }
     lines = ["# pglockkit lease throughput", ""]
     lines += [f"- {key}: {env[key]}" for key in ("date", "command", "server_version", "platform", "nproc")]
     lines += [
         "",
-        "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement)",
+        "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement);",
+        "ratio: of the medians; paired: median of each pglockkit run over the baseline run next to it;",
+        "attempts/s: acquire calls, won or not (median)",
         "",
-        "| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio |",
-        "|--:|---|--:|--:|--:|",
+        "| clients | lease names | pglockkit cycles/s | bare upsert cycles/s | ratio | paired "
+        "| attempts/s, pglockkit vs bare |",
+        "|--:|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['clients']} | {r['shape']} | {spread([c for c, _ in r['pglockkit_runs']])} "
-            f"| {spread([c for c, _ in r['baseline_runs']])} | {r['ratio']:.2f} |"
+            f"| {spread([c for c, _ in r['baseline_runs']])} | {r['ratio']:.2f} "
+            f"| {_ratio(r['paired_ratio'])} "
+            f"| {statistics.median(a for _, a in r['pglockkit_runs']):,.0f} vs "
+            f"{statistics.median(a for _, a in r['baseline_runs']):,.0f} |"
         )
     return {"environment": env, "rows": rows, "markdown": "\n".join(lines)}
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

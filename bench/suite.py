@@ -252,7 +252,8 @@ def _lease_rows(d: dict) -> list[Row]:
         (
             "lease",
             f"acquire + release / bare upsert, {r['clients']} client(s), {r['shape']}",
-            f"{r['ratio']:.2f}",
+            f"{r['ratio']:.2f}"
+            + (f" (paired runs: {r['paired_ratio']:.2f})" if r.get("paired_ratio") is not None else ""),
             "1.0 = as fast",
         )
         for r in d["rows"]

@@ -435,3 +435,131 @@ def test_prune_leases_older_than_the_calendar_prunes_nothing(db):
     db.conn.execute("SELECT pglockkit.acquire_lease('x', 'h', '1 microsecond')")
     assert db.conn.execute("SELECT pglockkit.prune_leases('1000000 years')").fetchone()[0] == 0
     assert len(_leases(db.conn)) == 1
+
+
+# The one-statement path of acquire_lease (0003): it renews a live lease of the same holder and
+# takes a free one; a row changed while it waited, a new name and a lease held by another go the
+# general way. These pin what either path must give.
+
+
+def test_acquirers_racing_for_a_freed_lease_draw_no_token_they_do_not_hand_out(db):
+    """Real threads take and release one name as fast as they can. Every token is drawn while
+    its acquirer holds the row, so none is drawn and thrown away when another acquirer wins the
+    race (an UPDATE computing its SET before taking the row lock would): the tokens handed out
+    are exactly 1..n, each name's in order."""
+    got: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def acquirer(i: int) -> None:
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    token = acquire_lease(conn, "race", f"h{i}", 5)
+                    if token is not None:
+                        got.append(token)  # only the holder appends: in holding order
+                        assert release_lease(conn, "race", f"h{i}", token)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=acquirer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert len(got) >= 20
+    assert got == list(range(1, len(got) + 1))
+    last = db.conn.execute("SELECT last_value FROM pglockkit.lease_tokens").fetchone()[0]
+    assert last == len(got), "a token was drawn that nobody got"
+
+
+def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
+    """The lease has expired; its holder releases it inside a transaction that stays open, so an
+    acquirer waits for the row. It gets the next token once the release commits, and its lease
+    starts no earlier than that: its time is read after the wait, not before."""
+    with db.connect() as holder, db.connect() as rival:
+        token = acquire_lease(holder, "slow-release", "holder", timedelta(milliseconds=100))
+        time.sleep(0.15)
+        holder.execute("BEGIN")
+        assert release_lease(holder, "slow-release", "holder", token)
+        got = {}
+        thread = threading.Thread(
+            target=lambda: got.setdefault("token", acquire_lease(rival, "slow-release", "rival", 60))
+        )
+        thread.start()
+        time.sleep(0.2)
+        assert thread.is_alive(), "the acquirer did not wait for the row"
+        before_commit = holder.execute("SELECT clock_timestamp()").fetchone()[0]
+        holder.execute("COMMIT")
+        thread.join(5)
+        assert got["token"] == token + 1
+        acquired, renewed = db.conn.execute(
+            "SELECT acquired_at, renewed_at FROM pglockkit.leases WHERE name = 'slow-release'"
+        ).fetchone()
+        assert acquired == renewed and acquired >= before_commit
+
+
+def test_a_contender_that_loses_locks_nothing_and_holds_up_no_one(db):
+    """A lease another holder has live: acquire_lease answers NULL without locking the row or
+    writing anything, so the holder renews and releases at once while the loser's transaction is
+    still open (a loser that locked the row would hold them up until it commits)."""
+    with db.connect() as holder, db.connect() as rival:
+        token = acquire_lease(holder, "polled", "holder", 60)
+        rival.execute("BEGIN")
+        assert acquire_lease(rival, "polled", "rival", 60) is None
+        assert rival.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
+        holder.execute("SET lock_timeout = '2s'")
+        assert renew_lease(holder, "polled", "holder", token, 60)
+        assert release_lease(holder, "polled", "holder", token)
+        assert acquire_lease(rival, "polled", "rival", 60) == token + 1  # free now: taken
+        rival.execute("COMMIT")
+
+
+def test_the_same_holder_renewing_a_row_renewed_while_it_waited_keeps_the_later_times(db):
+    with db.connect() as a, db.connect() as b:
+        token = acquire_lease(a, "both", "h", 60)
+        a.execute("BEGIN")
+        assert renew_lease(a, "both", "h", token, 3600)
+        got = {}
+        thread = threading.Thread(target=lambda: got.setdefault("token", acquire_lease(b, "both", "h", 60)))
+        thread.start()
+        time.sleep(0.2)
+        a.execute("COMMIT")
+        thread.join(5)
+        assert got["token"] == token  # a renewal
+        acquired, renewed, expires = db.conn.execute(
+            "SELECT acquired_at, renewed_at, expires_at FROM pglockkit.leases WHERE name = 'both'"
+        ).fetchone()
+        assert acquired <= renewed and (expires - renewed).total_seconds() == 60
+
+
+def test_an_unbound_acquire_by_the_holder_renews_a_bound_lease_and_keeps_it_bound(db, advisory_locks):
+    with db.connect() as a, db.connect() as rival:
+        token = acquire_lease(a, "kept", "a", 60, bind_session=True)
+        assert acquire_lease(a, "kept", "a", 60) == token  # unbound call, same holder: a renewal
+        row = db.conn.execute(
+            "SELECT session_bound, holder_pid, session_key IS NOT NULL"
+            " FROM pglockkit.leases WHERE name = 'kept'"
+        ).fetchone()
+        assert row == (True, a.info.backend_pid, True)
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 1
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (a.info.backend_pid,))
+        deadline = time.monotonic() + 2
+        while (taken := acquire_lease(rival, "kept", "rival", 60)) is None:
+            assert time.monotonic() < deadline, "still bound to nothing after its backend died"
+            time.sleep(0.01)
+        assert taken == token + 1
+
+
+def test_an_unbound_acquire_of_a_free_lease_this_session_bound_lets_go_of_its_key(db, advisory_locks):
+    with db.connect() as a, db.connect() as b:
+        first = acquire_lease(a, "rebind", "a", timedelta(milliseconds=50), bind_session=True)
+        time.sleep(0.1)  # expired while still bound to a's key
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 1
+        second = acquire_lease(a, "rebind", "a2", 60)
+        assert second == first + 1
+        assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0
+        assert acquire_lease(b, "rebind", "b", 60) is None  # live, unbound: b waits for the ttl
