@@ -8,13 +8,27 @@
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
-CREATE OR REPLACE FUNCTION pglockkit._h47(resource text) RETURNS bigint
-LANGUAGE sql STABLE STRICT PARALLEL SAFE
-BEGIN ATOMIC
-    SELECT (('x' || pg_catalog.encode(
-                pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 6),
-                'hex'))::pg_catalog.bit(48)::pg_catalog.int8) >> 1;
-END;
+DO $do$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 180000 THEN
+        EXECUTE $f$
+            CREATE OR REPLACE FUNCTION pglockkit._h47(resource text) RETURNS bigint
+            LANGUAGE sql STABLE STRICT PARALLEL SAFE
+            BEGIN ATOMIC
+                SELECT pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 6)::pg_catalog.int8 >> 1;
+            END$f$;
+    ELSE
+        EXECUTE $f$
+            CREATE OR REPLACE FUNCTION pglockkit._h47(resource text) RETURNS bigint
+            LANGUAGE sql STABLE STRICT PARALLEL SAFE
+            BEGIN ATOMIC
+                SELECT (('x' || pg_catalog.encode(
+                            pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(resource, 'UTF8')), 1, 6),
+                            'hex'))::pg_catalog.bit(48)::pg_catalog.int8) >> 1;
+            END$f$;
+    END IF;
+END
+$do$;
 COMMENT ON FUNCTION pglockkit._h47(text) IS
     'Private: the 47-bit hash of a text resource (first 6 bytes of sha256 of its UTF-8 bytes, big-endian, >> 1).';
 
@@ -77,15 +91,15 @@ END;
 COMMENT ON FUNCTION pglockkit._key(smallint, text) IS
     'Private: the lock key of a text resource in namespace id ns_id, (ns_id << 48) | (1 << 47) | h47 (NULL for a NULL resource: callers check).';
 
+-- _key(smallint, bigint) was PL/pgSQL and raised; it is SQL now and NULL for bad input.
 CREATE OR REPLACE FUNCTION pglockkit._key(ns_id smallint, resource bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
     SELECT CASE WHEN resource >= 0 AND resource < 140737488355328
-                THEN (ns_id::pg_catalog.int8 << 48) | resource
-                ELSE pglockkit._invalid_resource(resource) END;
+                THEN (ns_id::pg_catalog.int8 << 48) | resource END;
 END;
 COMMENT ON FUNCTION pglockkit._key(smallint, bigint) IS
-    'Private: the lock key of an integer resource in namespace id ns_id, (ns_id << 48) | id; 22004 for a NULL id, 22003 outside 0 <= id < 2^47.';
+    'Private: the lock key of an integer resource in namespace id ns_id, (ns_id << 48) | id; NULL for a NULL id or one outside 0 <= id < 2^47 (callers check).';
 
 CREATE FUNCTION pglockkit._ns_id_checked(ns_id integer) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -108,7 +122,8 @@ COMMENT ON FUNCTION pglockkit.key(integer, text) IS
 CREATE FUNCTION pglockkit.key(ns_id integer, resource bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pglockkit._key(pglockkit._ns_id_checked(ns_id), resource);
+    SELECT coalesce(pglockkit._key(pglockkit._ns_id_checked(ns_id), resource),
+                    pglockkit._invalid_resource(resource));
 END;
 COMMENT ON FUNCTION pglockkit.key(integer, bigint) IS
     'The lock key of an integer resource (0 <= id < 2^47) in the namespace with id ns_id, without looking the namespace up. See key(integer, text). 22004 for NULL, 22003 out of range.';
@@ -204,12 +219,26 @@ COMMENT ON FUNCTION pglockkit.lock_key(text, text) IS
 CREATE OR REPLACE FUNCTION pglockkit.lock_key(ns text, resource bigint) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pglockkit._key(pglockkit._ns_id(ns), resource);
+    SELECT coalesce(pglockkit._key(pglockkit._ns_id(ns), resource), pglockkit._invalid_resource(resource));
 END;
 COMMENT ON FUNCTION pglockkit.lock_key(text, bigint) IS
     'The advisory-lock key of an integer resource: (ns_id << 48) | id, with 0 <= id < 2^47 (22003 otherwise). 42704 for an unknown namespace, 22004 for NULL.';
 
 SELECT pglockkit._compile_ns_registry();
+
+CREATE FUNCTION pglockkit._xact_lock(ns text, resource text, timeout interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout); END $$;
+COMMENT ON FUNCTION pglockkit._xact_lock(text, text, interval) IS
+    'Private: xact_lock(ns, text) past its fast path: the key''s errors, then the timeout''s, then the wait.';
+
+CREATE FUNCTION pglockkit._xact_lock(ns text, resource bigint, timeout interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout); END $$;
+COMMENT ON FUNCTION pglockkit._xact_lock(text, bigint, interval) IS
+    'Private: xact_lock(ns, bigint) past its fast path: the key''s errors, then the timeout''s, then the wait.';
 
 CREATE OR REPLACE FUNCTION pglockkit.try_lock(ns text, resource text) RETURNS boolean
 LANGUAGE sql VOLATILE
@@ -263,9 +292,9 @@ CREATE OR REPLACE FUNCTION pglockkit.xact_lock(ns text, resource text, timeout i
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
     SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
-                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource))
-                THEN pglockkit.lock_key(ns, resource)
-                ELSE pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout) END;
+                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
+                THEN pglockkit._key(pglockkit._ns_id(ns), resource)
+                ELSE pglockkit._xact_lock(ns, resource, timeout) END;
 END;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, text, interval) IS
     'Transaction-level lock that waits at most timeout (else the namespace''s lock_timeout, else the server''s), then raises 55P03 naming the holder. Returns the key. Released at commit or rollback.';
@@ -274,12 +303,36 @@ CREATE OR REPLACE FUNCTION pglockkit.xact_lock(ns text, resource bigint, timeout
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
     SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
-                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource))
-                THEN pglockkit.lock_key(ns, resource)
-                ELSE pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout) END;
+                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
+                THEN pglockkit._key(pglockkit._ns_id(ns), resource)
+                ELSE pglockkit._xact_lock(ns, resource, timeout) END;
 END;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, bigint, interval) IS
     'xact_lock on an integer resource (0 <= id < 2^47). See xact_lock(text, text, interval).';
+
+CREATE OR REPLACE FUNCTION pglockkit.xact_lock_all(ns text, resources bigint[], timeout interval DEFAULT NULL) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id smallint := pglockkit._ns_id(ns);
+BEGIN
+    IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.cardinality(resources) OPERATOR(pg_catalog.>) 1000 THEN
+        RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
+    END IF;
+    RETURN pglockkit._xact_lock_all(ns,
+        ARRAY(SELECT r::text FROM pg_catalog.unnest(resources) AS r),
+        ARRAY(SELECT coalesce(pglockkit._key(v_id, r), pglockkit._invalid_resource(r))
+                FROM pg_catalog.unnest(resources) AS r), timeout);
+END
+$$;
+COMMENT ON FUNCTION pglockkit.xact_lock_all(text, bigint[], interval) IS
+    'xact_lock_all on integer resources. See xact_lock_all(text, text[], interval).';
 
 -- They call _key, now STABLE (convert_to is): an IMMUTABLE caller would not be inlined.
 ALTER FUNCTION pglockkit._lease_session_key(text, integer) STABLE;

@@ -104,6 +104,20 @@ $$;
 COMMENT ON FUNCTION pglockkit._xact_lock(text, text, bigint, interval) IS
     'Private: try the key, else wait with the call''s timeout, else the namespace''s, else the server''s.';
 
+CREATE FUNCTION pglockkit._xact_lock(ns text, resource text, timeout interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout); END $$;
+COMMENT ON FUNCTION pglockkit._xact_lock(text, text, interval) IS
+    'Private: xact_lock(ns, text) past its fast path: the key''s errors, then the timeout''s, then the wait.';
+
+CREATE FUNCTION pglockkit._xact_lock(ns text, resource bigint, timeout interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout); END $$;
+COMMENT ON FUNCTION pglockkit._xact_lock(text, bigint, interval) IS
+    'Private: xact_lock(ns, bigint) past its fast path: the key''s errors, then the timeout''s, then the wait.';
+
 CREATE FUNCTION pglockkit._xact_lock_all(ns text, labels text[], keys bigint[], timeout interval) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -210,16 +224,18 @@ COMMENT ON FUNCTION pglockkit.try_xact_lock(text, bigint) IS
 
 -- Inlined into the caller's statement (see "Keys" in 01_registry.sql): with a valid (or no)
 -- timeout and a free lock, one try-lock and no PL/pgSQL call. The key expression is written
--- twice on that path (the planner has no common subexpressions): the hash is computed twice,
--- about 0.5 us, still far cheaper than a PL/pgSQL call with a SET clause. Anything else (a taken
--- lock, a bad timeout) goes to _xact_lock, which checks the timeout, then waits.
+-- twice on that path (the planner has no common subexpressions): the hash runs twice, well under
+-- a microsecond on PG 18. It is _key's, which is NULL for bad input rather than raising: a NULL
+-- key fails the try, and the slow path (_xact_lock) raises the input's error, checks the timeout
+-- and waits. Every function the expression names is set up by the executor for each statement,
+-- so the fast path names as few as it can.
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource text, timeout interval DEFAULT NULL) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
     SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
-                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource))
-                THEN pglockkit.lock_key(ns, resource)
-                ELSE pglockkit._xact_lock(ns, resource, pglockkit.lock_key(ns, resource), timeout) END;
+                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
+                THEN pglockkit._key(pglockkit._ns_id(ns), resource)
+                ELSE pglockkit._xact_lock(ns, resource, timeout) END;
 END;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, text, interval) IS
     'Transaction-level lock that waits at most timeout (else the namespace''s lock_timeout, else the server''s), then raises 55P03 naming the holder. Returns the key. Released at commit or rollback.';
@@ -228,9 +244,9 @@ CREATE FUNCTION pglockkit.xact_lock(ns text, resource bigint, timeout interval D
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
     SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
-                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit.lock_key(ns, resource))
-                THEN pglockkit.lock_key(ns, resource)
-                ELSE pglockkit._xact_lock(ns, resource::text, pglockkit.lock_key(ns, resource), timeout) END;
+                     AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
+                THEN pglockkit._key(pglockkit._ns_id(ns), resource)
+                ELSE pglockkit._xact_lock(ns, resource, timeout) END;
 END;
 COMMENT ON FUNCTION pglockkit.xact_lock(text, bigint, interval) IS
     'xact_lock on an integer resource (0 <= id < 2^47). See xact_lock(text, text, interval).';
@@ -274,7 +290,8 @@ BEGIN
     END IF;
     RETURN pglockkit._xact_lock_all(ns,
         ARRAY(SELECT r::text FROM pg_catalog.unnest(resources) AS r),
-        ARRAY(SELECT pglockkit._key(v_id, r) FROM pg_catalog.unnest(resources) AS r), timeout);
+        ARRAY(SELECT coalesce(pglockkit._key(v_id, r), pglockkit._invalid_resource(r))
+                FROM pg_catalog.unnest(resources) AS r), timeout);
 END
 $$;
 COMMENT ON FUNCTION pglockkit.xact_lock_all(text, bigint[], interval) IS
