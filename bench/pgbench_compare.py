@@ -10,7 +10,8 @@ for another: this is the cost of taking the lock, not contention.
 - ``xact_lock.sql``: ``SELECT pglockkit.xact_lock('bench', 'pgbench-' || :client_id)``;
 - ``key_lock.sql``: ``SELECT pg_advisory_xact_lock(pglockkit.key(:ns_id, 'pgbench-' || :client_id))``,
   the documented hot-loop form (the namespace's id instead of its name: no lookup, no wait
-  handling of pglockkit's), with ``-D ns_id=`` the id of ``bench``;
+  handling of pglockkit's), with ``:ns_id`` replaced by the id of ``bench`` as a literal, as it
+  would be written in SQL;
 - ``advisory_xact_lock.sql``: ``SELECT pg_advisory_xact_lock(4242000000 + :client_id)``;
 - ``row_for_update.sql``: ``SELECT id FROM bench_pgbench_rows WHERE id = :client_id FOR UPDATE`` (a
   row lock writes the row's xmax and gives the transaction an xid, so its commit writes WAL).
@@ -36,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,15 +87,28 @@ def pgbench_version(pgbench: str) -> str:
 
 
 def run_pgbench(
-    pgbench: str, dsn: str, script: str, clients: int, seconds: int, defines: dict[str, int] | None = None
+    pgbench: str, dsn: str, script: str, clients: int, seconds: int, literals: dict[str, int] | None = None
 ) -> float:
-    """One pgbench run; returns tps without the initial connection time."""
+    """One pgbench run; returns tps without the initial connection time. ``literals`` are written
+    into the script as constants (a pgbench variable would be a bound parameter under -M prepared,
+    where a hot loop in SQL has the namespace id as a literal, folded when planned)."""
+    text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
+    for name, value in (literals or {}).items():
+        text = text.replace(f":{name}", str(int(value)))
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="pglockkit-bench-", delete=False) as f:
+        f.write(text)
+    try:
+        return _run_pgbench_file(pgbench, dsn, f.name, clients, seconds)
+    finally:
+        os.unlink(f.name)
+
+
+def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: int) -> float:
     cmd = [
         pgbench,
         "--no-vacuum",
         "--protocol=prepared",
-        f"--file={SCRIPTS_DIR / script}",
-        *(f"--define={k}={v}" for k, v in (defines or {}).items()),
+        f"--file={path}",
         f"--client={clients}",
         f"--jobs={min(clients, nproc())}",
         f"--time={seconds}",

@@ -52,8 +52,8 @@ from bench import (
     peers,
     pgbench_compare,
     queue_throughput,
-    schedule_tick,
     rate_limit_cost,
+    schedule_tick,
     worker_cost,
 )
 from bench.common import environment, spread
@@ -370,6 +370,9 @@ def _schedule_rows(d: dict) -> list[Row]:
             f"{r['all_due_tick_ms']:,.1f} ms ({r['all_due_per_schedule_us']:,.0f} µs per schedule)",
             "cost per tick",
         ),
+    ]
+
+
 def _rate_rows(d: dict) -> list[Row]:
     return [
         (
