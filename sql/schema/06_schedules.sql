@@ -164,7 +164,8 @@ BEGIN
         '{JAN,FEB,MAR,APR,MAY,JUN,JUL,AUG,SEP,OCT,NOV,DEC}');
     v_spec.weekdays := pglockkit._cron_field(v_fields[5], 'day-of-week', 0, 7,
         '{SUN,MON,TUE,WED,THU,FRI,SAT}');
-    v_spec.days_or := pg_catalog.cardinality(v_spec.days) < 31 AND pg_catalog.cardinality(v_spec.weekdays) < 7;
+    -- Restricted means written other than `*` (croniter's reading: `*/1` and `0-6` restrict too).
+    v_spec.days_or := v_fields[3] <> '*' AND v_fields[5] <> '*';
     -- Days of the month ANDed with every weekday: some listed day must exist in a listed month.
     IF NOT v_spec.days_or AND NOT EXISTS (
         SELECT FROM pg_catalog.unnest(v_spec.days) d, pg_catalog.unnest(v_spec.months) m

@@ -182,9 +182,14 @@ def test_day_of_month_and_day_of_week_are_ored_only_when_both_are_restricted(db)
     assert sql_slots(db.conn, "0 0 1 * mon", monday, "UTC", 2) == [
         datetime(2024, 1, 8, tzinfo=Z), datetime(2024, 1, 15, tzinfo=Z)
     ]  # fmt: skip
-    # */1 and 0-7 cover the whole range: unrestricted, so only the 1st.
-    for dow in ("*", "*/1", "0-7", "0-6"):
-        assert sql_slots(db.conn, f"0 0 1 * {dow}", monday, "UTC", 1) == [datetime(2024, 2, 1, tzinfo=Z)]
+    # Only `*` is unrestricted: only the 1st.
+    assert sql_slots(db.conn, "0 0 1 * *", monday, "UTC", 1) == [datetime(2024, 2, 1, tzinfo=Z)]
+    # Any other day-of-week field restricts, even one that names every day (croniter's reading;
+    # the generated expressions of test_cron_next_agrees_with_croniter found */1): every day.
+    for dow in ("*/1", "0-7", "0-6"):
+        cron = f"0 0 1 * {dow}"
+        expected = [datetime(2024, 1, 2, tzinfo=Z)]
+        assert sql_slots(db.conn, cron, monday, "UTC", 1) == expected == oracle_slots(cron, monday, "UTC", 1)
     # 0 and 7 are both Sunday.
     assert sql_slots(db.conn, "0 0 * * 7", monday, "UTC", 1) == sql_slots(
         db.conn, "0 0 * * sun", monday, "UTC", 1
