@@ -164,8 +164,9 @@ BEGIN
         '{JAN,FEB,MAR,APR,MAY,JUN,JUL,AUG,SEP,OCT,NOV,DEC}');
     v_spec.weekdays := pglockkit._cron_field(v_fields[5], 'day-of-week', 0, 7,
         '{SUN,MON,TUE,WED,THU,FRI,SAT}');
-    -- Restricted means written other than `*` (croniter's reading: `*/1` and `0-6` restrict too).
-    v_spec.days_or := v_fields[3] <> '*' AND v_fields[5] <> '*';
+    -- Restricted means written other than `*` (or a list of `*`s): croniter's reading, so `*/1`
+    -- and `0-6` restrict although they name every value.
+    v_spec.days_or := v_fields[3] !~ '^\*(,\*)*$' AND v_fields[5] !~ '^\*(,\*)*$';
     -- Days of the month ANDed with every weekday: some listed day must exist in a listed month.
     IF NOT v_spec.days_or AND NOT EXISTS (
         SELECT FROM pg_catalog.unnest(v_spec.days) d, pg_catalog.unnest(v_spec.months) m
@@ -308,8 +309,10 @@ BEGIN
                     v_lo := v_mid;
                 END IF;
             END LOOP;
+            -- The first whole second already on the new offset (a jump on a whole second, as
+            -- every one is, is that second itself).
             v_cand := ARRAY[pg_catalog.date_trunc('second', v_hi)];
-            IF v_cand[1] < v_hi THEN
+            IF pglockkit._tz_offset(v_cand[1], tz) <> pglockkit._tz_offset(v_hi, tz) THEN
                 v_cand := ARRAY[v_cand[1] + interval '1 second'];
             END IF;
         END IF;

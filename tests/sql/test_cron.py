@@ -95,7 +95,10 @@ def expressions(draw):
     hour = draw(st.one_of(st.just("*"), field(0, 23)))
     dom = draw(st.one_of(st.just("*"), st.just("*"), field(1, 31)))
     month = draw(st.one_of(st.just("*"), st.just("*"), field(1, 12, MONTHS)))
-    dow = draw(st.one_of(st.just("*"), st.just("*"), field(0, 7, DAYS, top=6)))
+    # Never both day fields: croniter decides when both are restricted (the OR rule) in ways of
+    # its own (`*/1` restricts next to `1` but not next to `*/2`); the rule is tested by hand in
+    # test_day_of_month_and_day_of_week_are_ored_only_when_both_are_restricted.
+    dow = "*" if dom != "*" else draw(st.one_of(st.just("*"), field(0, 7, DAYS, top=6)))
     return f"{minute} {hour} {dom} {month} {dow}"
 
 
@@ -123,7 +126,19 @@ def _never_matches(cron: str) -> bool:
 def test_cron_next_agrees_with_croniter(db, cron, tz, start):
     if _never_matches(cron):  # e.g. 30 2: both refuse, tested below
         return
-    assert sql_slots(db.conn, cron, start, tz) == oracle_slots(cron, start, tz), (cron, tz, start)
+    ours, oracle = sql_slots(db.conn, cron, start, tz), oracle_slots(cron, start, tz)
+    if _crosses_an_offset_change(tz, start, ours + oracle):
+        # croniter gets some slots next to a DST change wrong (after New York's 2024-03-10 jump it
+        # skips 03:00 for */7; on Lord Howe's fall-back it misses the second 01:40 of */20 1): DST
+        # is test_dst_changes_in_three_zones's, whose answers are pinned (and checked against
+        # croniter where it is right).
+        return
+    assert ours == oracle, (cron, tz, start)
+
+
+def _crosses_an_offset_change(tz: str, start: datetime, slots: list[datetime]) -> bool:
+    zone = ZoneInfo(tz)
+    return len({t.astimezone(zone).utcoffset() for t in [start, *slots]}) > 1
 
 
 # --- DST, by hand ----------------------------------------------------------------------------
