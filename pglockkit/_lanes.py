@@ -273,9 +273,10 @@ class Ticker:
         self._last = -TICK_INTERVAL
 
     def due(self) -> bool:
-        if not self.enabled or time.monotonic() - self._last < TICK_INTERVAL:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < TICK_INTERVAL:
             return False
-        self._last = time.monotonic()
+        self._last = now
         return True
 
     def failed(self, exc: Exception) -> None:

@@ -11,17 +11,7 @@ A namespace registered without an explicit id gets ``namespace_id(name)``.
 
 from __future__ import annotations
 
-# CPython's own sha256 when it has one (3.12+: _sha2, 3.11: _sha256), else OpenSSL's. The digest is
-# the same; for the few bytes of a resource name, OpenSSL 3's per-call setup costs several times
-# the hash itself (about 6 us a call against 1.5 us, measured in a loop that also talks to the
-# server), and the lock helpers hash on every call.
-try:
-    from _sha2 import sha256 as _sha256
-except ImportError:
-    try:
-        from _sha256 import sha256 as _sha256
-    except ImportError:
-        from hashlib import sha256 as _sha256
+import hashlib
 
 NS_ID_MIN, NS_ID_MAX = 1, 32767
 INT_RESOURCE_LIMIT = 1 << 47
@@ -34,7 +24,7 @@ def namespace_id(name: str) -> int:
     >>> namespace_id("pglockkit")
     12870
     """
-    digest = _sha256(name.encode("utf-8")).digest()
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
     return int.from_bytes(digest[:2], "big") % NS_ID_MAX + 1
 
 
@@ -53,7 +43,7 @@ def lock_key(ns_id: int, resource: str | int) -> int:
     if isinstance(resource, str):
         if "\x00" in resource:
             raise ValueError("a resource cannot contain NUL: PostgreSQL text cannot hold it")
-        digest = _sha256(resource.encode("utf-8")).digest()
+        digest = hashlib.sha256(resource.encode("utf-8")).digest()
         return (ns_id << 48) | _TEXT_FLAG | (int.from_bytes(digest[:6], "big") >> 1)
     if isinstance(resource, bool) or not isinstance(resource, int):
         raise TypeError(f"resource must be str or int, got {type(resource).__name__}")
