@@ -220,16 +220,19 @@ def resource_key(ns: str, resource: str | int) -> Call[int]:
 
 
 # The lock helpers' fast path (issue 16): the key is computed here from the namespace id cached
-# per process (pglockkit._nscache), and one statement tries it. xact_lock's statement falls back,
-# in the same statement, to pglockkit.xact_lock (which waits, with the namespace's lock_timeout as
-# it is then, and raises 55P03 naming the holder) only when the key is held: CASE evaluates its
-# ELSE branch only when needed, so a free lock costs the server one pg_try_advisory_xact_lock.
+# per process (pglockkit._nscache), and TRY_KEY tries it: a free lock is one round trip that costs
+# the server one pg_try_advisory_xact_lock, as a bare call does. The helpers (locks.py, aio.py)
+# run it themselves, with no Call: in a loop of lock calls the Python between two round trips
+# runs with cold caches, and building a Call and its callbacks cost 5 us there. xact_lock on a
+# held key then sends WAIT_KEY, xact_lock's slow path (pglockkit._xact_lock), which checks the key
+# against the registry as it is then, waits with the namespace's lock_timeout, and raises 55P03
+# naming the holder. Not one CASE statement for both (tried): five parameters instead of one cost
+# the client more than the second round trip of a held lock, which waits anyway; and not
+# pglockkit.xact_lock itself, whose inlined fast path, its namespace a parameter here, the server
+# would set up again for every call (4 us, PG 18).
 # Schema-qualified: a caller's search_path cannot put another function before pg_catalog's.
 TRY_KEY = "SELECT pg_catalog.pg_try_advisory_xact_lock(%s)"
-KEY_OR_WAIT = (
-    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(%s) THEN %s"  # free: its key
-    " ELSE pglockkit.xact_lock(%s, %s, %s) END"  # held: wait as before
-)
+WAIT_KEY = "SELECT pglockkit._xact_lock(%s, %s, %s)"
 # Which database a connection reaches, returned with the SQL lock calls for the namespace-id cache.
 DATABASE_IDENTITY = (
     "(SELECT d.oid FROM pg_catalog.pg_database d"
@@ -275,17 +278,31 @@ def _learnt(conn: AnyConnection, ns: str, rows: Rows) -> tuple[Any, ...]:
     return row
 
 
+def local_key(
+    conn: AnyConnection, what: str, ns: str, resource: str | int, timeout: Timeout = None
+) -> int | None:
+    """The key a lock helper tries with TRY_KEY (``try_key``), or None where the SQL function must
+    decide (``try_xact_lock`` and ``xact_lock`` below). Refuses an autocommit connection."""
+    require_transaction(conn, what)
+    if timeout is not None and not _wait_checked_locally(seconds(timeout)):
+        return None
+    return _local_key(conn, ns, resource)
+
+
+def try_key(conn: psycopg.Connection, key: int) -> bool:
+    with translated():
+        return conn.execute(TRY_KEY, (key,)).fetchone()[0]
+
+
+async def atry_key(conn: psycopg.AsyncConnection, key: int) -> bool:
+    with translated():
+        return (await (await conn.execute(TRY_KEY, (key,))).fetchone())[0]
+
+
 def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[bool]:
-    """One ``pg_try_advisory_xact_lock`` of the key computed here when the namespace id is cached;
-    else ``pglockkit.try_xact_lock``, with ``lock_key`` for the cache."""
+    """``pglockkit.try_xact_lock``, with ``lock_key`` for the cache (the helpers try the cached
+    key themselves first: ``local_key``)."""
     require_transaction(conn, "try_xact_lock")
-    key = _local_key(conn, ns, resource)
-    if key is not None:
-        return Call(
-            TRY_KEY,
-            (key,),
-            done=lambda got, _: lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact"),
-        )
 
     def decode(rows: Rows) -> bool:
         got, key, *_ = _learnt(conn, ns, rows)
@@ -304,25 +321,26 @@ def _wait_checked_locally(wait: timedelta | None) -> bool:
     return wait is None or timedelta(0) < wait <= _LONGEST_WAIT
 
 
-def xact_lock(conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout) -> Call[int]:
-    """When the namespace id is cached: the key computed here, tried, and only if it is held
-    ``pglockkit.xact_lock`` (one statement). Else ``pglockkit.xact_lock``, for the cache too."""
+def xact_lock(
+    conn: AnyConnection, ns: str, resource: str | int, timeout: Timeout, held: int | None = None
+) -> Call[int]:
+    """``pglockkit.xact_lock``, which also teaches the cache; or, for ``held``, the key the helper
+    computed and found held, xact_lock's slow path alone (the wait)."""
     require_transaction(conn, "xact_lock")
     wait = interval(timeout)
-    key = _local_key(conn, ns, resource) if _wait_checked_locally(wait) else None
 
     def failed(exc: Exception, elapsed: float) -> int:
         if isinstance(exc, LockTimeout):
             if timeout is not None:
                 exc.retry_after = seconds(timeout).total_seconds()
-            lock_event("timeout", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
+            lock_event("timeout", ns, resource, held, scope="xact", wait_ms=_ms(elapsed))
         raise exc
 
     def done(key: int, elapsed: float) -> None:
         lock_event("acquired", ns, resource, key, scope="xact", wait_ms=_ms(elapsed))
 
-    if key is not None:
-        return Call(KEY_OR_WAIT, (key, key, ns, resource, wait), done=done, failed=failed)
+    if held is not None:
+        return Call(WAIT_KEY, (ns, resource, wait), done=done, failed=failed)
     return Call(
         f"SELECT pglockkit.xact_lock(%s, %s, %s), {DATABASE_IDENTITY}",
         (ns, resource, wait),

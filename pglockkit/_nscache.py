@@ -31,18 +31,24 @@ REFRESH_S = 5.0
 MAX_ENTRIES = 4096  # past this, entries older than REFRESH_S are dropped when one is added
 
 Database = tuple[Any, ...]
+Ids = dict[str, tuple[int, float]]  # namespace -> (id, learnt at)
 
 _lock = threading.Lock()
-_databases: weakref.WeakKeyDictionary[Any, Database] = weakref.WeakKeyDictionary()  # connection -> database
-_ids: dict[tuple[Database, str], tuple[int, float]] = {}  # (database, namespace) -> (id, learnt at)
+# The read path is two plain dict lookups: connection -> the ids of its database -> namespace.
+# Keyed by id(conn), not by a weak reference to it (a WeakKeyDictionary lookup is Python code
+# that makes a weakref on every call): a finalizer drops the entry when the connection is
+# collected, before its id can be reused. Connections to one database share one dict of ids.
+_by_conn: dict[int, Ids] = {}
+_databases: dict[Database, Ids] = {}
+_conn_database: dict[int, Database] = {}
 
 
 def cached_id(conn: Any, ns: str) -> int | None:
     """The id of namespace ``ns`` in ``conn``'s database, or None if unknown or due for a refresh."""
     # No lock: each lookup is one dict read, atomic with or without the GIL; this is every lock
     # call's path. Writers take the lock because pruning reads and deletes many entries.
-    database = _databases.get(conn)
-    entry = None if database is None else _ids.get((database, ns))
+    ids = _by_conn.get(id(conn))
+    entry = None if ids is None else ids.get(ns)
     if entry is None or time.monotonic() - entry[1] > REFRESH_S:
         return None
     return entry[0]
@@ -53,9 +59,22 @@ def learn(conn: Any, ns: str, ns_id: int, db_oid: int, server_started: Any) -> N
     info = conn.info
     database = (info.host, info.port, info.dbname, db_oid, server_started)
     now = time.monotonic()
+    key = id(conn)
     with _lock:
-        _databases[conn] = database
-        _ids[(database, ns)] = (ns_id, now)
-        if len(_ids) > MAX_ENTRIES:
-            for key in [k for k, (_, at) in _ids.items() if now - at > REFRESH_S]:
-                del _ids[key]
+        if _conn_database.get(key) != database:
+            if key not in _conn_database:
+                weakref.finalize(conn, _forget, key)
+            _conn_database[key] = database
+            _by_conn[key] = _databases.setdefault(database, {})
+        ids = _by_conn[key]
+        ids[ns] = (ns_id, now)
+        if sum(len(d) for d in _databases.values()) > MAX_ENTRIES:
+            for database_ids in _databases.values():
+                for name in [n for n, (_, at) in database_ids.items() if now - at > REFRESH_S]:
+                    del database_ids[name]
+
+
+def _forget(key: int) -> None:
+    with _lock:
+        _by_conn.pop(key, None)
+        _conn_database.pop(key, None)

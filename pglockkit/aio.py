@@ -149,7 +149,12 @@ async def runs(conn: psycopg.AsyncConnection, job: str | None = None, limit: int
 
 async def try_xact_lock(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> bool:
     """Take a transaction-level lock if free; False at once otherwise."""
-    return await _calls.arun(conn, _calls.try_xact_lock(conn, ns, resource))
+    key = _calls.local_key(conn, "try_xact_lock", ns, resource)
+    if key is None:
+        return await _calls.arun(conn, _calls.try_xact_lock(conn, ns, resource))
+    got = await _calls.atry_key(conn, key)
+    _calls.lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
+    return got
 
 
 async def xact_lock(
@@ -160,7 +165,11 @@ async def xact_lock(
     >>> async with conn.transaction():  # doctest: +SKIP
     ...     await xact_lock(conn, "billing", "invoice:42", timeout=2)
     """
-    return await _calls.arun(conn, _calls.xact_lock(conn, ns, resource, timeout))
+    key = _calls.local_key(conn, "xact_lock", ns, resource, timeout)
+    if key is not None and await _calls.atry_key(conn, key):
+        _calls.lock_event("acquired", ns, resource, key, scope="xact", wait_ms=0.0)
+        return key
+    return await _calls.arun(conn, _calls.xact_lock(conn, ns, resource, timeout, held=key))
 
 
 async def xact_lock_all(

@@ -2,9 +2,10 @@
 
 Every function here runs a call description of ``pglockkit._calls`` (shared with
 ``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
-id cached per process (``pglockkit._nscache``) and try it in one statement, in which
-``xact_lock`` calls the SQL function only if the key is held; a namespace not cached and bad input
-go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every function here.
+id cached per process (``pglockkit._nscache``) and try it with one ``pg_try_advisory_xact_lock``;
+``xact_lock`` then calls the SQL function's wait only if the key is held; a namespace not cached
+and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every
+function here.
 """
 
 from __future__ import annotations
@@ -54,7 +55,12 @@ def try_xact_lock(conn: psycopg.Connection, ns: str, resource: str | int) -> boo
     ...     if try_xact_lock(conn, "cron", "nightly"):
     ...         record_run(conn)
     """
-    return _calls.run(conn, _calls.try_xact_lock(conn, ns, resource))
+    key = _calls.local_key(conn, "try_xact_lock", ns, resource)
+    if key is None:
+        return _calls.run(conn, _calls.try_xact_lock(conn, ns, resource))
+    got = _calls.try_key(conn, key)
+    _calls.lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
+    return got
 
 
 def xact_lock(conn: psycopg.Connection, ns: str, resource: str | int, timeout: Timeout = None) -> int:
@@ -67,7 +73,11 @@ def xact_lock(conn: psycopg.Connection, ns: str, resource: str | int, timeout: T
     ...     xact_lock(conn, "billing", "invoice:42", timeout=2)
     ...     conn.execute("UPDATE invoices SET ...")
     """
-    return _calls.run(conn, _calls.xact_lock(conn, ns, resource, timeout))
+    key = _calls.local_key(conn, "xact_lock", ns, resource, timeout)
+    if key is not None and _calls.try_key(conn, key):
+        _calls.lock_event("acquired", ns, resource, key, scope="xact", wait_ms=0.0)
+        return key
+    return _calls.run(conn, _calls.xact_lock(conn, ns, resource, timeout, held=key))
 
 
 def xact_lock_all(

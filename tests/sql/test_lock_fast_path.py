@@ -1,7 +1,7 @@
 """The Python lock helpers' fast path (issue 16): one round trip, with a key computed locally from
 the namespace id cached per process and database, that costs the server one try when the lock is
-free (a held lock waits in SQL, in the same statement); namespaces not cached and bad input go to
-the SQL functions, as before. Each test runs the sync helpers and their
+free (a held lock then waits in SQL, in a second statement); namespaces not cached and bad input
+go to the SQL functions, as before. Each test runs the sync helpers and their
 ``pglockkit.aio`` twins through one client class (one suite, both drivers), on both servers.
 Round trips are counted from libpq's protocol trace, locks read from ``pg_locks`` by another
 connection."""
@@ -9,6 +9,7 @@ connection."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import tempfile
@@ -33,8 +34,8 @@ def _numbered(query: str) -> str:
     return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
 
 
-TRY = _numbered(_calls.TRY_KEY)  # try_xact_lock's one statement with the namespace id cached
-KEY_OR_WAIT = _numbered(_calls.KEY_OR_WAIT)  # xact_lock's
+TRY = _numbered(_calls.TRY_KEY)  # the one statement of a free lock with the namespace id cached
+WAIT = _numbered(_calls.WAIT_KEY)  # xact_lock's second, when the key is held
 
 
 class Client:
@@ -154,7 +155,7 @@ def test_a_free_lock_is_one_round_trip_taking_the_key_sql_computes(db, ns, clien
     with c.statements() as sent:
         key = c.xact_lock(ns, resource, 2)
         assert c.try_xact_lock(ns, f"{resource}+")
-    assert sent == [KEY_OR_WAIT, TRY]
+    assert sent == [TRY, TRY]
     assert key == sql_key(db.conn, ns, resource)
     assert held(db.conn, c.pid) >= {key, sql_key(db.conn, ns, f"{resource}+")}
     c.rollback()
@@ -205,7 +206,7 @@ def test_held_locks_are_skipped_or_waited_for_with_the_cache_filled(db, ns, clie
             started = time.monotonic()
             assert c.xact_lock(ns, "busy", timeout=5) == key
             assert 0.25 <= time.monotonic() - started < 3
-        assert sent == [TRY, KEY_OR_WAIT]  # the wait is in the same round trip
+        assert sent == [TRY, TRY, WAIT]  # try_xact_lock's try; xact_lock's, then its wait
     events = [r.pglockkit for r in caplog.records if hasattr(r, "pglockkit") and r.pglockkit["key"] == key]
     assert [(e["event"], e["namespace"], e["resource"]) for e in events[-2:]] == [
         ("skipped", ns, "busy"),
@@ -382,3 +383,18 @@ def test_many_threads_share_one_cache(db, monkeypatch):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_collected_connection_leaves_the_cache_and_a_new_one_learns_again(db, ns):
+    """The cache is keyed by id(connection): a finalizer drops the entry when the connection is
+    collected, so a later connection that gets the same id does not inherit its database."""
+    conn = psycopg.connect(db.dsn)
+    with conn.transaction():
+        pglockkit.xact_lock(conn, ns, "r")
+    conn_id = id(conn)
+    assert _nscache._by_conn[conn_id] is _nscache._databases[_nscache._conn_database[conn_id]]
+    assert _nscache.cached_id(conn, ns) == pglockkit.namespace_id(ns)
+    conn.close()
+    del conn
+    gc.collect()
+    assert conn_id not in _nscache._by_conn and conn_id not in _nscache._conn_database
