@@ -70,6 +70,7 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
         assert set(row["median_tps"]) == {
             "pglockkit.xact_lock",
             "pglockkit.key hot loop",
+            "pglockkit.key hot loop, integer",
             "pg_advisory_xact_lock",
             "SELECT ... FOR UPDATE",
         }
