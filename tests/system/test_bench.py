@@ -71,6 +71,7 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
             "pglockkit.xact_lock",
             "pglockkit.key hot loop",
             "pglockkit.key hot loop, integer",
+            "key formula written out",
             "pg_advisory_xact_lock",
             "SELECT ... FOR UPDATE",
         }
@@ -95,3 +96,32 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
     assert io["pglockkit threads"]["status"] == io["pglockkit asyncio"]["status"] == "measured"
     assert all(_positive(r["of_ideal"]) for r in io.values() if r["status"] == "measured")
     assert elapsed < 120, f"the quick suite took {elapsed:.0f} s (about 30 s on an idle 2-core machine)"
+
+
+def test_the_pgbench_scripts_lock_the_keys_of_lock_keys(db) -> None:
+    """pgbench_compare's named scripts, the formula written out included (on both servers: it
+    reads the hash differently before PostgreSQL 18), lock the key that lock_key gives."""
+    from bench import pgbench_compare
+
+    ns_id = db.conn.execute("SELECT pglockkit.register_namespace('bench')").fetchone()[0]
+    version = int(db.conn.execute("SHOW server_version_num").fetchone()[0])
+    written_in = pgbench_compare.script_literals(ns_id, version)
+    for script, resource in (
+        ("xact_lock.sql", "7"),
+        ("key_lock.sql", "7"),
+        ("formula_lock.sql", "7"),
+        ("key_int_lock.sql", 7),
+    ):
+        text = (pgbench_compare.SCRIPTS_DIR / script).read_text(encoding="utf-8")
+        for name, value in written_in.items():
+            text = text.replace(f":{name}", value)
+        statement = next(line for line in text.splitlines() if line.startswith("SELECT"))
+        statement = statement.replace(":client_id", "%s").rstrip(";")
+        expected = db.conn.execute("SELECT pglockkit.lock_key('bench', %s)", (resource,)).fetchone()[0]
+        with db.connect() as conn, conn.transaction():
+            conn.execute(statement, (resource,))
+            held = conn.execute(
+                "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks"
+                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+            ).fetchall()
+        assert held == [(expected,)], script
