@@ -256,7 +256,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id smallint := pglockkit._ns_id(ns);
+    v_id   smallint := pglockkit._ns_id(ns);
+    v_keys bigint[];
+    v_key  bigint;
 BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
@@ -265,6 +267,24 @@ BEGIN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
+    END IF;
+    -- Fast path: with a valid (or no) timeout, try the keys in ascending order; all free, done.
+    -- At the first held key, the waiting path takes them all in ascending order again (a key
+    -- this transaction holds is taken again at once), so the order, and with it the freedom from
+    -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
+    -- lock_timeout and names the holder; a free set of locks pays for none of it.
+    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
+                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+        v_keys := ARRAY(SELECT DISTINCT pglockkit._key(v_id, r) FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
+        FOREACH v_key IN ARRAY v_keys LOOP
+            IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
+                v_keys := NULL;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_keys IS NOT NULL THEN
+            RETURN v_keys;
+        END IF;
     END IF;
     RETURN pglockkit._xact_lock_all(ns, resources,
         ARRAY(SELECT pglockkit._key(v_id, r) FROM pg_catalog.unnest(resources) AS r), timeout);
@@ -278,7 +298,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id smallint := pglockkit._ns_id(ns);
+    v_id   smallint := pglockkit._ns_id(ns);
+    v_keys bigint[];
+    v_key  bigint;
 BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
@@ -287,6 +309,25 @@ BEGIN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
+    END IF;
+    -- Fast path: with a valid (or no) timeout, try the keys in ascending order; all free, done.
+    -- At the first held key, the waiting path takes them all in ascending order again (a key
+    -- this transaction holds is taken again at once), so the order, and with it the freedom from
+    -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
+    -- lock_timeout and names the holder; a free set of locks pays for none of it.
+    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
+                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+        v_keys := ARRAY(SELECT DISTINCT coalesce(pglockkit._key(v_id, r), pglockkit._invalid_resource(r))
+                          FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
+        FOREACH v_key IN ARRAY v_keys LOOP
+            IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
+                v_keys := NULL;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_keys IS NOT NULL THEN
+            RETURN v_keys;
+        END IF;
     END IF;
     RETURN pglockkit._xact_lock_all(ns,
         ARRAY(SELECT r::text FROM pg_catalog.unnest(resources) AS r),

@@ -332,6 +332,46 @@ def test_swarm_with_random_orders_has_no_deadlocks(db, ns):
     assert len(done) == 8 * 25
 
 
+def test_xact_lock_all_waits_at_a_held_key_holding_only_the_keys_below_it(db, ns):
+    """The fast path tries the keys in ascending order; at a held key the waiting path takes over.
+    While it waits it holds the keys below the held one and none above (what makes opposite
+    orders deadlock-free), and after the wait every key once, the result ascending."""
+    resources = [f"r{i}" for i in range(8)]
+    keys = sorted(lock_key(namespace_id(ns), r) for r in resources)
+    busy = next(r for r in resources if lock_key(namespace_id(ns), r) == keys[4])
+    held_key = (
+        "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks"
+        " WHERE locktype = 'advisory' AND pid = %s AND granted"
+    )
+    result: list = []
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pglockkit.xact_lock(%s, %s)", (ns, busy))
+        waiter.execute("BEGIN")
+        thread = threading.Thread(
+            target=lambda: result.append(
+                waiter.execute(
+                    "SELECT pglockkit.xact_lock_all(%s, %s::text[], '10s')", (ns, resources)
+                ).fetchone()[0]
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 5
+        while (
+            time.monotonic() < deadline
+            and len(db.conn.execute(held_key, (waiter.info.backend_pid,)).fetchall()) < 4
+        ):
+            time.sleep(0.02)
+        time.sleep(0.1)
+        waiting_holds = sorted(k for (k,) in db.conn.execute(held_key, (waiter.info.backend_pid,)).fetchall())
+        assert waiting_holds == keys[:4] and thread.is_alive()
+        holder.execute("COMMIT")
+        thread.join(5)
+        assert result == [keys]
+        assert sorted(k for (k,) in db.conn.execute(held_key, (waiter.info.backend_pid,)).fetchall()) == keys
+        waiter.execute("COMMIT")
+
+
 def test_xact_lock_all_timeout_bounds_the_whole_call(db, ns, advisory_locks):
     with db.connect() as holder, db.connect() as waiter:
         holder.execute("SELECT pglockkit.try_lock(%s, 'c')", (ns,))
