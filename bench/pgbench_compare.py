@@ -111,15 +111,8 @@ def run_pgbench(
     """One pgbench run; returns tps without the initial connection time. ``literals`` are written
     into the script as SQL text (a pgbench variable would be a bound parameter under -M prepared,
     where a hot loop in SQL has the namespace id as a literal, folded when planned)."""
-    text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
-    for name, value in (literals or {}).items():
-        text = text.replace(f":{name}", value)
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="pglockkit-bench-", delete=False) as f:
-        f.write(text)
-    try:
-        return _run_pgbench_file(pgbench, dsn, f.name, clients, seconds)
-    finally:
-        os.unlink(f.name)
+    with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
+        return _run_pgbench_file(pgbench, dsn, _written(script, literals or {}, directory), clients, seconds)
 
 
 def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: int) -> float:
@@ -142,6 +135,7 @@ def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: 
 
 
 def _written(script: str, literals: dict[str, str], directory: str) -> str:
+    """``script`` with ``literals`` written in, as a file in ``directory``; returns its path."""
     text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
     for name, value in literals.items():
         text = text.replace(f":{name}", value)

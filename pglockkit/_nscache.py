@@ -72,6 +72,9 @@ def learn(conn: Any, ns: str, ns_id: int, db_oid: int, server_started: Any) -> N
             for database_ids in _databases.values():
                 for name in [n for n, (_, at) in database_ids.items() if now - at > REFRESH_S]:
                     del database_ids[name]
+            in_use = {id(d) for d in _by_conn.values()}
+            for gone in [d for d, ids in _databases.items() if not ids and id(ids) not in in_use]:
+                del _databases[gone]
 
 
 def _forget(key: int) -> None:
