@@ -128,6 +128,16 @@ class Server:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """Kill the worker processes a test started (scenarios.track) and left running: after a failed
+    assertion they would go on claiming jobs in the next tests' databases, which share a name."""
+    yield
+    from scenarios import reap
+
+    reap()
+
+
 @pytest.fixture(scope="session", params=SERVERS)
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """Each test server in turn (session-wide)."""

@@ -23,28 +23,53 @@ from pglockkit import queue as q
 
 HERE = Path(__file__).resolve().parent
 
+# Worker processes started for a test; tests/conftest.py kills those still running when the test
+# ends. A test that fails before it stops its worker would otherwise leave it claiming jobs, and
+# reconnecting, in the databases of the tests after it (each test's database has the same name).
+_spawned: list[subprocess.Popen] = []
+
+
+def track(proc: subprocess.Popen) -> subprocess.Popen:
+    """Have ``proc`` killed when the current test ends, if it is still running then."""
+    _spawned.append(proc)
+    return proc
+
+
+def reap() -> list[int]:
+    """Kill the tracked processes still running; returns their pids."""
+    killed = []
+    while _spawned:
+        proc = _spawned.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+            killed.append(proc.pid)
+    return killed
+
 
 def worker_proc(dsn: str, *extra: str) -> subprocess.Popen:
     """A ``pglockkit work`` process on queue ``w`` that records each job in ``done_log``."""
     env = {**os.environ, "PYTHONPATH": str(HERE)}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pglockkit.cli",
-            "work",
-            "--dsn",
-            dsn,
-            "--queue",
-            "w",
-            "--handler",
-            "queue_handlers:record",
-            *extra,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    return track(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pglockkit.cli",
+                "work",
+                "--dsn",
+                dsn,
+                "--queue",
+                "w",
+                "--handler",
+                "queue_handlers:record",
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from scenarios import track
 
 import pglockkit
 from pglockkit import queue as q
@@ -47,15 +48,17 @@ def restart_server(request, server, mode: str) -> float:
 
 
 def _worker(dsn: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            *(sys.executable, "-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", "w"),
-            *("--handler", "queue_handlers:record", "--batch", "5", "--lease", "2s", "--poll", "0.2"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    return track(
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", "w"),
+                *("--handler", "queue_handlers:record", "--batch", "5", "--lease", "2s", "--poll", "0.2"),
+            ],
+            env={**os.environ, "PYTHONPATH": str(TESTS)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
 
 
