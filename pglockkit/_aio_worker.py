@@ -27,6 +27,7 @@ from pglockkit._lanes import (
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
+    ClaimsConflicted,
     Handle,
     HandlerEndedTransaction,
     Lane,
@@ -145,6 +146,11 @@ class Worker(WorkerBase):
                 except (psycopg.OperationalError, PoolTimeout) as exc:
                     failures = await self._pause(
                         failures, f"connection lost ({first_line(exc)}); reconnecting"
+                    )
+                    continue
+                except ClaimsConflicted as exc:  # nothing held, nothing undone
+                    failures = await self._pause(
+                        failures, f"{exc} ({first_line(exc.__cause__)}); claiming again"
                     )
                     continue
                 except Exception as exc:  # a statement of the lane failed: its group rolled back

@@ -75,6 +75,13 @@ class Handle:
     begins: bool = False  # ``savepoint`` is the BEGIN of the job's transaction, not a savepoint
 
 
+class ClaimsConflicted(Exception):
+    """A claim into an empty hand conflicted (40001, 40P01: REPEATABLE READ or SERIALIZABLE as the
+    database's default, many claimers) ``CLAIM_TRIES`` times in a row. Nothing was held, so
+    nothing is undone: the worker pauses the lane briefly, as after an error, and it claims again.
+    The conflict is ``__cause__``."""
+
+
 class HandlerEndedTransaction(Exception):
     """The handler committed or rolled back the worker's transaction itself."""
 
@@ -452,6 +459,8 @@ class Lane:
             log.debug("claim conflicted, trying again: %s", error)
         if error is not None:
             self.budget.give_back(n)
+            if isinstance(error, SerializationFailure | Deadlock):
+                raise ClaimsConflicted(f"{CLAIM_TRIES} claims in a row conflicted") from error
             raise error
         self._took(results[0], n)
         return None if self.hand else IDLE

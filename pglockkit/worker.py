@@ -30,6 +30,7 @@ from pglockkit._lanes import (
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
+    ClaimsConflicted,
     Handle,
     HandlerEndedTransaction,
     Lane,
@@ -206,6 +207,9 @@ class Worker(WorkerBase):
                     failures = 0
                 except (psycopg.OperationalError, PoolTimeout) as exc:
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
+                    continue
+                except ClaimsConflicted as exc:  # nothing held, nothing undone
+                    failures = self._pause(failures, f"{exc} ({first_line(exc.__cause__)}); claiming again")
                     continue
                 except Exception as exc:  # a statement of the lane failed: its group rolled back
                     if not isinstance(exc, psycopg.Error | PglockkitError):  # a bug: show where

@@ -496,3 +496,31 @@ def test_claims_that_conflict_under_repeatable_read_neither_end_the_worker_nor_u
     assert db.conn.execute(
         "SELECT status, attempt, count(*) FROM pglockkit.jobs GROUP BY 1, 2"
     ).fetchall() == [("done", 1, 2000)]
+
+
+def test_claims_that_keep_conflicting_pause_the_lane_without_a_lane_error(tables, caplog, monkeypatch):
+    """A claim into an empty hand that conflicts CLAIM_TRIES times in a row (here 1, so that it
+    happens) held nothing: the lane pauses and claims again, logged as such, not as a lane error
+    whose group was rolled back; every job still runs once."""
+    import pglockkit._lanes
+
+    monkeypatch.setattr(pglockkit._lanes, "CLAIM_TRIES", 1)
+    db = tables
+    db.conn.execute(
+        f"ALTER DATABASE \"{db.conn.info.dbname}\" SET default_transaction_isolation = 'repeatable read'"
+    )
+    q.enqueue_many(db.conn, "w", [{}] * 1000)
+    caplog.set_level("INFO", "pglockkit.queue")
+    workers = [
+        pglockkit.Worker(db.dsn, "w", record, concurrency=2, batch=1, group=1, lease=600) for _ in range(4)
+    ]
+    threads = [threading.Thread(target=w.run, kwargs={"exit_when_idle": True}) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    messages = [r.getMessage() for r in caplog.records if r.name == "pglockkit.queue"]
+    assert any("1 claims in a row conflicted (could not serialize" in m for m in messages)  # the path ran
+    assert not [m for m in messages if "lane error" in m]
+    assert db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (1000, 1000)
