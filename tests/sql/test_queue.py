@@ -470,7 +470,10 @@ def test_sigterm_stops_gracefully_and_gives_back_unstarted_jobs(done_log, batch)
     with batch 1 it holds one, and the other five were never claimed."""
     db = done_log
     ids = q.enqueue_many(db.conn, "w", [{"sleep": 0}] + [{"sleep": 0.5}] * 6)
-    proc = _worker_proc(db, "--batch", batch, "--lease", "60s")
+    # --group-time 1s: the lane claims ahead what it expects to finish in one group time, timed on
+    # the fast job; with the default 20 ms, a fast job slowed past 3.3 ms by a loaded machine made
+    # it claim fewer than six, and the wait below ran out (seen in clean-clone CI runs).
+    proc = _worker_proc(db, "--batch", batch, "--lease", "60s", "--group-time", "1s")
     deadline = time.monotonic() + 20
     running = "SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'"
     while db.conn.execute(running).fetchone()[0] < int(batch):

@@ -465,35 +465,41 @@ def test_an_at_least_once_failure_of_a_pruned_job_does_not_undo_the_groups_compl
     assert gone not in [i for i, _ in statuses]
 
 
-def test_claims_that_conflict_under_repeatable_read_neither_end_the_worker_nor_undo_its_jobs(tables, caplog):
-    """With REPEATABLE READ as the database's default, claims fail with 40001 when another worker
-    claimed a row after their snapshot. A claim of its own is sent again; a claim-ahead at the end
-    of a group is undone alone (its savepoint), so the group's handlers keep their work and no job
-    runs twice. 4 workers of 2 lanes drain 2,000 jobs."""
-    db = tables
+def _drain_under_repeatable_read(db, caplog, total: int, **options) -> list[str]:
+    """4 workers of 2 lanes drain ``total`` jobs with REPEATABLE READ as the database's default;
+    returns the pglockkit.queue log, after checking that the workers ended with every job run
+    exactly once. A 10-minute lease: its heartbeat (every lease / 3) would extend jobs a group is
+    about to complete, and under REPEATABLE READ that completion then fails (40001) and the group
+    is rolled back: a limit of the worker under REPEATABLE READ (docs/queue.md), not tested here."""
     db.conn.execute(
         f"ALTER DATABASE \"{db.conn.info.dbname}\" SET default_transaction_isolation = 'repeatable read'"
     )
-    q.enqueue_many(db.conn, "w", [{}] * 2000)
+    q.enqueue_many(db.conn, "w", [{}] * total)
     caplog.set_level("INFO", "pglockkit.queue")
-    # A 10-minute lease: its heartbeat (every lease / 3) would extend jobs a group is about to
-    # complete, and under REPEATABLE READ that completion then fails (40001) and the group is rolled
-    # back: a limit of the worker under REPEATABLE READ (docs/queue.md), not what this test is about.
-    workers = [
-        pglockkit.Worker(db.dsn, "w", record, concurrency=2, batch=8, group=8, lease=600) for _ in range(4)
-    ]
+    workers = [pglockkit.Worker(db.dsn, "w", record, concurrency=2, lease=600, **options) for _ in range(4)]
     threads = [threading.Thread(target=w.run, kwargs={"exit_when_idle": True}) for w in workers]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
-    messages = [r.getMessage() for r in caplog.records if r.name == "pglockkit.queue"]
+    assert db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (
+        total,
+        total,
+    )
+    return [r.getMessage() for r in caplog.records if r.name == "pglockkit.queue"]
+
+
+def test_claims_that_conflict_under_repeatable_read_neither_end_the_worker_nor_undo_its_jobs(tables, caplog):
+    """With REPEATABLE READ as the database's default, claims fail with 40001 when another worker
+    claimed a row after their snapshot. A claim of its own is sent again; a claim-ahead at the end
+    of a group is undone alone (its savepoint), so the group's handlers keep their work and no job
+    runs twice. 4 workers of 2 lanes drain 2,000 jobs."""
+    messages = _drain_under_repeatable_read(tables, caplog, 2000, batch=8, group=8)
     assert any("claim failed, retried later: could not serialize" in m for m in messages)  # the path ran
     assert not [m for m in messages if "lane error" in m]
-    assert db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (2000, 2000)
     # attempt 1 everywhere: no group was rolled back to come back after its lease
-    assert db.conn.execute(
+    assert tables.conn.execute(
         "SELECT status, attempt, count(*) FROM pglockkit.jobs GROUP BY 1, 2"
     ).fetchall() == [("done", 1, 2000)]
 
@@ -505,22 +511,6 @@ def test_claims_that_keep_conflicting_pause_the_lane_without_a_lane_error(tables
     import pglockkit._lanes
 
     monkeypatch.setattr(pglockkit._lanes, "CLAIM_TRIES", 1)
-    db = tables
-    db.conn.execute(
-        f"ALTER DATABASE \"{db.conn.info.dbname}\" SET default_transaction_isolation = 'repeatable read'"
-    )
-    q.enqueue_many(db.conn, "w", [{}] * 1000)
-    caplog.set_level("INFO", "pglockkit.queue")
-    workers = [
-        pglockkit.Worker(db.dsn, "w", record, concurrency=2, batch=1, group=1, lease=600) for _ in range(4)
-    ]
-    threads = [threading.Thread(target=w.run, kwargs={"exit_when_idle": True}) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
-    messages = [r.getMessage() for r in caplog.records if r.name == "pglockkit.queue"]
+    messages = _drain_under_repeatable_read(tables, caplog, 1000, batch=1, group=1)
     assert any("1 claims in a row conflicted (could not serialize" in m for m in messages)  # the path ran
     assert not [m for m in messages if "lane error" in m]
-    assert db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (1000, 1000)
