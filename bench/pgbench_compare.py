@@ -112,36 +112,8 @@ def run_pgbench(
     into the script as SQL text (a pgbench variable would be a bound parameter under -M prepared,
     where a hot loop in SQL has the namespace id as a literal, folded when planned)."""
     with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
-        return _run_pgbench_file(pgbench, dsn, _written(script, literals or {}, directory), clients, seconds)
-
-
-def _run_pgbench_file(pgbench: str, dsn: str, path: str, clients: int, seconds: int) -> float:
-    cmd = [
-        pgbench,
-        "--no-vacuum",
-        "--protocol=prepared",
-        f"--file={path}",
-        f"--client={clients}",
-        f"--jobs={min(clients, nproc())}",
-        f"--time={seconds}",
-        dsn,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-    match = TPS.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        output = done.stderr.strip() or done.stdout.strip()
-        raise RuntimeError(f"pgbench failed ({done.returncode}): {output}")
-    return float(match.group(1))
-
-
-def _written(script: str, literals: dict[str, str], directory: str) -> str:
-    """``script`` with ``literals`` written in, as a file in ``directory``; returns its path."""
-    text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
-    for name, value in literals.items():
-        text = text.replace(f":{name}", value)
-    path = os.path.join(directory, script)
-    Path(path).write_text(text, encoding="utf-8")
-    return path
+        stdout = _pgbench(pgbench, dsn, [_written(script, literals or {}, directory)], clients, seconds)
+    return float(TPS.search(stdout).group(1))
 
 
 def run_pgbench_mixed(
@@ -151,26 +123,13 @@ def run_pgbench_mixed(
     random for each transaction, so the machine's load hits all alike); returns each script's mean
     transaction latency in microseconds, from pgbench's per-transaction log (a sample of 1 in 5)."""
     with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
-        cmd = [pgbench, "--no-vacuum", "--protocol=prepared"]
-        cmd += [f"--file={_written(script, literals, directory)}@1" for script in scripts]
-        cmd += [
-            f"--client={clients}",
-            f"--jobs={min(clients, nproc())}",
-            f"--time={seconds}",
-            "--log",
-            f"--log-prefix={os.path.join(directory, 'log')}",
-            "--sampling-rate=0.2",
-            dsn,
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-        if done.returncode != 0 or TPS.search(done.stdout) is None:
-            raise RuntimeError(
-                f"pgbench failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-            )
+        files = [f"{_written(script, literals, directory)}@1" for script in scripts]
+        log = ["--log", f"--log-prefix={os.path.join(directory, 'log')}", "--sampling-rate=0.2"]
+        _pgbench(pgbench, dsn, files, clients, seconds, log)
         total = [0.0] * len(scripts)
         count = [0] * len(scripts)
-        for log in Path(directory).glob("log.*"):
-            for line in log.read_text(encoding="utf-8").splitlines():
+        for path in Path(directory).glob("log.*"):
+            for line in path.read_text(encoding="utf-8").splitlines():
                 # client_id transaction_no latency_us script_no time_epoch time_us
                 fields = line.split()
                 script_no = int(fields[3])
@@ -181,6 +140,30 @@ def run_pgbench_mixed(
             f"pgbench logged no transaction of some script: {dict(zip(scripts, count, strict=True))}"
         )
     return [t / n for t, n in zip(total, count, strict=True)]
+
+
+def _pgbench(
+    pgbench: str, dsn: str, files: Sequence[str], clients: int, seconds: int, extra: Sequence[str] = ()
+) -> str:
+    """Run pgbench on script ``files`` (``path`` or ``path@weight``); returns its stdout, which
+    reports a tps, or raises with what pgbench said."""
+    cmd = [pgbench, "--no-vacuum", "--protocol=prepared", *(f"--file={f}" for f in files)]
+    cmd += [f"--client={clients}", f"--jobs={min(clients, nproc())}", f"--time={seconds}", *extra, dsn]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    if done.returncode != 0 or TPS.search(done.stdout) is None:
+        output = done.stderr.strip() or done.stdout.strip()
+        raise RuntimeError(f"pgbench failed ({done.returncode}): {output}")
+    return done.stdout
+
+
+def _written(script: str, literals: dict[str, str], directory: str) -> str:
+    """``script`` with ``literals`` written in, as a file in ``directory``; returns its path."""
+    text = (SCRIPTS_DIR / script).read_text(encoding="utf-8")
+    for name, value in literals.items():
+        text = text.replace(f":{name}", value)
+    path = os.path.join(directory, script)
+    Path(path).write_text(text, encoding="utf-8")
+    return path
 
 
 def script_literals(ns_id: int, server_version_num: int) -> dict[str, str]:

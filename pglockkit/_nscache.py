@@ -34,21 +34,20 @@ Database = tuple[Any, ...]
 Ids = dict[str, tuple[int, float]]  # namespace -> (id, learnt at)
 
 _lock = threading.Lock()
-# The read path is two plain dict lookups: connection -> the ids of its database -> namespace.
-# Keyed by id(conn), not by a weak reference to it (a WeakKeyDictionary lookup is Python code
-# that makes a weakref on every call): a finalizer drops the entry when the connection is
-# collected, before its id can be reused. Connections to one database share one dict of ids.
-_by_conn: dict[int, Ids] = {}
+# The read path is two plain dict lookups: connection -> (its database, the ids of that database)
+# -> namespace. Keyed by id(conn), not by a weak reference to it (a WeakKeyDictionary lookup is
+# Python code that makes a weakref on every call): a finalizer drops the entry when the connection
+# is collected, before its id can be reused. Connections to one database share one dict of ids.
+_by_conn: dict[int, tuple[Database, Ids]] = {}
 _databases: dict[Database, Ids] = {}
-_conn_database: dict[int, Database] = {}
 
 
 def cached_id(conn: Any, ns: str) -> int | None:
     """The id of namespace ``ns`` in ``conn``'s database, or None if unknown or due for a refresh."""
     # No lock: each lookup is one dict read, atomic with or without the GIL; this is every lock
     # call's path. Writers take the lock because pruning reads and deletes many entries.
-    ids = _by_conn.get(id(conn))
-    entry = None if ids is None else ids.get(ns)
+    known = _by_conn.get(id(conn))
+    entry = None if known is None else known[1].get(ns)
     if entry is None or time.monotonic() - entry[1] > REFRESH_S:
         return None
     return entry[0]
@@ -61,18 +60,17 @@ def learn(conn: Any, ns: str, ns_id: int, db_oid: int, server_started: Any) -> N
     now = time.monotonic()
     key = id(conn)
     with _lock:
-        if _conn_database.get(key) != database:
-            if key not in _conn_database:
+        known = _by_conn.get(key)
+        if known is None or known[0] != database:
+            if known is None:
                 weakref.finalize(conn, _forget, key)
-            _conn_database[key] = database
-            _by_conn[key] = _databases.setdefault(database, {})
-        ids = _by_conn[key]
-        ids[ns] = (ns_id, now)
+            known = _by_conn[key] = (database, _databases.setdefault(database, {}))
+        known[1][ns] = (ns_id, now)
         if sum(len(d) for d in _databases.values()) > MAX_ENTRIES:
             for database_ids in _databases.values():
                 for name in [n for n, (_, at) in database_ids.items() if now - at > REFRESH_S]:
                     del database_ids[name]
-            in_use = {id(d) for d in _by_conn.values()}
+            in_use = {id(ids) for _, ids in _by_conn.values()}
             for gone in [d for d, ids in _databases.items() if not ids and id(ids) not in in_use]:
                 del _databases[gone]
 
@@ -80,4 +78,3 @@ def learn(conn: Any, ns: str, ns_id: int, db_oid: int, server_started: Any) -> N
 def _forget(key: int) -> None:
     with _lock:
         _by_conn.pop(key, None)
-        _conn_database.pop(key, None)

@@ -392,9 +392,10 @@ def test_a_collected_connection_leaves_the_cache_and_a_new_one_learns_again(db, 
     with conn.transaction():
         pglockkit.xact_lock(conn, ns, "r")
     conn_id = id(conn)
-    assert _nscache._by_conn[conn_id] is _nscache._databases[_nscache._conn_database[conn_id]]
+    database, ids = _nscache._by_conn[conn_id]
+    assert ids is _nscache._databases[database]
     assert _nscache.cached_id(conn, ns) == pglockkit.namespace_id(ns)
     conn.close()
     del conn
     gc.collect()
-    assert conn_id not in _nscache._by_conn and conn_id not in _nscache._conn_database
+    assert conn_id not in _nscache._by_conn

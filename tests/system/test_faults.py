@@ -6,24 +6,20 @@ for speed): the guarantees below are the ones a durable server gives.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from scenarios import track
+from scenarios import worker_proc
 
 import pglockkit
 from pglockkit import queue as q
-
-TESTS = Path(__file__).resolve().parents[1]  # tests/: queue_handlers.py for the worker
 
 
 def restart_server(request, server, mode: str) -> float:
@@ -48,18 +44,7 @@ def restart_server(request, server, mode: str) -> float:
 
 
 def _worker(dsn: str) -> subprocess.Popen:
-    return track(
-        subprocess.Popen(
-            [
-                *(sys.executable, "-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", "w"),
-                *("--handler", "queue_handlers:record", "--batch", "5", "--lease", "2s", "--poll", "0.2"),
-            ],
-            env={**os.environ, "PYTHONPATH": str(TESTS)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    )
+    return worker_proc(dsn, "--batch", "5", "--lease", "2s", "--poll", "0.2")
 
 
 def _count(conn, sql, params=()):
