@@ -1129,6 +1129,9 @@ FATAL_NULLS = {
     "remove_rate_limit": ("queue", "key"),
     "pause_queue": ("queue",),
     "resume_queue": ("queue",),
+    # A text that is not a name of anything is a valid name: these fail on NULL.
+    "schedule": ("name", "cron", "queue"),
+    "unschedule": ("name",),
 }
 
 
