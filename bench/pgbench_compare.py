@@ -143,13 +143,19 @@ def run_pgbench_mixed(
 
 
 def _pgbench(
-    pgbench: str, dsn: str, files: Sequence[str], clients: int, seconds: int, extra: Sequence[str] = ()
+    pgbench: str,
+    dsn: str,
+    files: Sequence[str],
+    clients: int,
+    seconds: int,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> str:
-    """Run pgbench on script ``files`` (``path`` or ``path@weight``); returns its stdout, which
-    reports a tps, or raises with what pgbench said."""
+    """Run pgbench on script ``files`` (``path`` or ``path@weight``), in ``env`` if given; returns its
+    stdout, which reports a tps, or raises with what pgbench said."""
     cmd = [pgbench, "--no-vacuum", "--protocol=prepared", *(f"--file={f}" for f in files)]
     cmd += [f"--client={clients}", f"--jobs={min(clients, nproc())}", f"--time={seconds}", *extra, dsn]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, env=env)
     if done.returncode != 0 or TPS.search(done.stdout) is None:
         output = done.stderr.strip() or done.stdout.strip()
         raise RuntimeError(f"pgbench failed ({done.returncode}): {output}")

@@ -1,6 +1,9 @@
--- pglockkit.acquire_lease + release_lease on a name of this client's own, one transaction per call.
--- Interleaved with lease_bare_upsert.sql in one pgbench run (docs/leases.md, "What a call costs").
-SELECT coalesce(pglockkit.acquire_lease('pgbench-lease-' || :client_id, 'h' || :client_id, interval '30 seconds'), 0) AS tok \gset
+-- pglockkit.acquire_lease + release_lease, one transaction per call (bench/lease_pgbench.py).
+-- :spread 1: a name of this client's own (1, 2, ...); 0: one name for all clients (0). A miss sleeps :miss_pause_us.
+\set n (:client_id + 1) * :spread
+SELECT coalesce(pglockkit.acquire_lease('pgbench-lease-' || :n, 'h' || :client_id, interval '30 seconds'), 0) AS tok \gset
 \if :tok > 0
-SELECT pglockkit.release_lease('pgbench-lease-' || :client_id, 'h' || :client_id, :tok);
+SELECT pglockkit.release_lease('pgbench-lease-' || :n, 'h' || :client_id, :tok);
+\else
+\sleep :miss_pause_us us
 \endif

@@ -125,3 +125,28 @@ def test_the_pgbench_scripts_lock_the_keys_of_lock_keys(db) -> None:
                 " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
             ).fetchall()
         assert held == [(expected,)], script
+
+
+@pytest.mark.parametrize("server", ["pg18"], indirect=True)
+def test_the_lease_pgbench_runs_both_shapes_and_counts_every_acquisition(db, tmp_path: Path) -> None:
+    """bench.lease_pgbench end to end: every client of both designs runs to the end (pgbench fails
+    the run if one aborts: a bare miss returns no row, which \\gset would abort on), and the
+    one-name shape counts acquisitions, not attempts: pglockkit's cycles are its release_lease
+    calls, fewer than its attempts when 4 clients fight for a name."""
+    from bench import lease_pgbench
+
+    out = tmp_path / "lease_pgbench.json"
+    argv = ["--dsn", db.dsn, "--seconds", "1", "--runs", "1", "--clients", "1", "--one-name-clients", "4"]
+    assert lease_pgbench.main([*argv, "--miss-pause-ms", "0", "--output", str(out)]) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["clients"] for r in doc["a_name_each"]] == [1]
+    assert _positive(doc["a_name_each"][0]["ratio"])
+    (one,) = doc["one_name"]
+    for design in ("pglockkit", "bare upsert"):
+        ((cycles, attempts),) = one["runs"][design]
+        assert _positive(cycles) and cycles <= attempts, design
+    assert one["runs"]["pglockkit"][0][0] < one["runs"]["pglockkit"][0][1]
+    tokens = db.conn.execute(
+        "SELECT token FROM bench_bare_leases WHERE name = %s", (lease_pgbench.ONE_NAME,)
+    ).fetchone()[0]
+    assert tokens == round(one["runs"]["bare upsert"][0][0])  # one second: cycles/s = acquisitions
