@@ -913,23 +913,31 @@ $$;
 COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
     'Private: rejects NULL (22004), empty names or holders and non-positive ttls (22023), ttls over a year (22003).';
 
--- acquire_lease's common cases take one statement, like a hand-rolled lease's upsert: INSERT ...
--- ON CONFLICT DO UPDATE locks the name's row before it evaluates its WHERE and SET, so the token
--- drawn in SET is drawn while this transaction holds the row, and only by the acquirer that gets
--- it (an UPDATE computes its SET before it takes the row lock, and again after a concurrent
--- change: a racing loser would burn a token). It renews a live lease of the same holder and
--- takes a free one, if the row is not bound to this backend (its old key may need letting go).
--- A lease that another holder has live and unbound is NULL without locking its row (the
--- statement's NOT EXISTS sees it, then a second look, on a new snapshot, confirms it), so a
--- contender that loses writes nothing and waits for no disk flush, and holds up neither the
--- holder nor the other contenders.
--- Everything else falls through to the general path below: a new name (the statement inserted a
--- free row, taken there like any free lease), a live lease of another holder (NULL, or free early
--- if session-bound and its backend is gone), and bind_session. The clock is read once, after the
--- row lock, like the general path's, so an acquirer that waited for the row stamps the time it
--- got it (the sub-select that reads it once costs about 8 us; a v_now read before the statement
--- would stamp the time before the wait). The argument checks are inline comparisons, calling
--- _check_lease_args only to raise. Figures: CHANGELOG.md, 0005_lease_fast_path.
+-- acquire_lease's common cases take one statement, like a hand-rolled lease's upsert: an UPDATE of
+-- the name's row that renews a live lease of the same holder or takes a free one, if the row is
+-- not bound to this backend (its old key may need letting go). An UPDATE decides on its snapshot
+-- and locks the row only if the row qualifies: a lease another holder has live is never locked,
+-- so a contender that loses writes nothing, waits for no disk flush, and holds up neither the
+-- holder nor the other contenders (the second look below, on a new snapshot, answers NULL). If the
+-- row changed meanwhile, the UPDATE waits for it, then decides again on its newest version
+-- (EvalPlanQual), computing the new values again.
+-- Two consequences, both bounded. The clock is read once, before the statement (v_now), so that
+-- the decision and the times agree; the statement returns a second reading, taken after the row
+-- is ours, and if the two are more than a millisecond apart (it waited for the row) the lease is
+-- stamped again with that second reading: a lease that waited for its row starts when it got it.
+-- A decision on the earlier reading errs only toward live: a free row stays free, and a renewal
+-- of a lease that expired while its holder's own call waited keeps the token nobody else got.
+-- And the token is drawn when the new values are computed, before the row lock: an acquirer that
+-- raced for a freed lease and lost it draws a token that nobody gets. Tokens still never repeat
+-- and each name's still strictly increase (the row version that the update lands on was committed
+-- before the draw, or the values are computed again); they skip more values. The previous form
+-- (0005: INSERT ... ON CONFLICT DO UPDATE, which locks the row first, behind a NOT EXISTS check
+-- that kept losers from locking it) drew no token in vain and cost 20-25 us more a cycle (PG 18).
+-- Everything else goes the general way below: a new name (the general path inserts a free row and
+-- takes it like any free lease), a live lease of another holder (NULL, or free early if
+-- session-bound and its backend is gone), a row bound to this backend, and bind_session. The
+-- argument checks are inline comparisons, calling _check_lease_args only to raise. Figures:
+-- CHANGELOG.md, 0005_lease_fast_path and 0007_lease_update_first.
 CREATE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -938,14 +946,8 @@ AS $$
 DECLARE
     v_now   timestamptz := pg_catalog.clock_timestamp();
     v_pid   integer := pg_catalog.pg_backend_pid();
-    v_key   bigint;
-    v_row   pglockkit.leases;
-    v_bind  bigint;  -- the key this acquisition binds to, NULL if unbound
-    v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks shows
-                               -- it like a session lock, so _advisory_held cannot tell them apart)
     v_token bigint;
-    v_new   boolean;
-    v_tries integer := 0;
+    v_got   timestamptz;  -- the clock once the common case's row is ours
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
@@ -955,119 +957,125 @@ BEGIN
     END IF;
 
     IF NOT bind_session THEN
-        INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
-        SELECT acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now + acquire_lease.ttl, v_now
-         WHERE NOT EXISTS (SELECT FROM pglockkit.leases h
-                            WHERE h.name = acquire_lease.name AND h.released_at IS NULL
-                              AND h.holder <> acquire_lease.holder AND NOT h.session_bound
-                              AND h.expires_at > pg_catalog.clock_timestamp())
-        ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
-           -- One clock reading, after the row lock (which may have waited), decides and stamps.
-           SET (holder, token, acquired_at, renewed_at, expires_at, released_at, session_bound,
-                holder_pid, session_key) =
-               (SELECT excluded.holder,
-                       CASE WHEN n.renew THEN l.token ELSE pg_catalog.nextval('pglockkit.lease_tokens') END,
-                       CASE WHEN n.renew THEN l.acquired_at ELSE n.now END,
-                       n.now, n.now + acquire_lease.ttl, NULL::timestamptz,
-                       n.renew AND l.session_bound,
-                       CASE WHEN n.renew THEN l.holder_pid ELSE v_pid END,
-                       CASE WHEN n.renew THEN l.session_key END
-                  FROM (SELECT c.now,
-                               l.released_at IS NULL AND l.expires_at > c.now AND l.holder = excluded.holder
-                                   AS renew
-                          FROM (SELECT pg_catalog.clock_timestamp() AS now) c) n)
-         WHERE NOT (l.session_bound AND l.holder_pid = v_pid)
-           AND (l.released_at IS NOT NULL OR l.expires_at <= pg_catalog.clock_timestamp()
-                OR l.holder = excluded.holder)
-        RETURNING l.token, l.released_at IS NOT NULL INTO v_token, v_new;
+        UPDATE pglockkit.leases l
+           SET holder = acquire_lease.holder,
+               token = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
+                            THEN l.token ELSE pg_catalog.nextval('pglockkit.lease_tokens') END,
+               acquired_at = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
+                                  THEN l.acquired_at ELSE v_now END,
+               renewed_at = v_now, expires_at = v_now + acquire_lease.ttl, released_at = NULL,
+               session_bound = l.released_at IS NULL AND l.expires_at > v_now AND l.session_bound,
+               holder_pid = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
+                                 THEN l.holder_pid ELSE v_pid END,
+               session_key = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now THEN l.session_key END
+         WHERE l.name = acquire_lease.name
+           AND (l.released_at IS NOT NULL OR l.expires_at <= v_now OR l.holder = acquire_lease.holder)
+           AND NOT (l.session_bound AND l.holder_pid = v_pid)
+        RETURNING l.token, pg_catalog.clock_timestamp() INTO v_token, v_got;
+        IF v_got - v_now <= interval '1 millisecond' THEN  -- NULL (false) if no row was updated
+            RETURN v_token;
+        END IF;
         IF FOUND THEN
-            IF NOT v_new THEN
-                RETURN v_token;
-            END IF;
-        ELSIF EXISTS (SELECT FROM pglockkit.leases h
-                       WHERE h.name = acquire_lease.name AND h.released_at IS NULL
-                         AND h.holder <> acquire_lease.holder AND NOT h.session_bound
-                         AND h.expires_at > pg_catalog.clock_timestamp()) THEN
+            -- It waited for the row: the lease starts (or is renewed) when it got it.
+            UPDATE pglockkit.leases l
+               SET acquired_at = CASE WHEN l.acquired_at = v_now THEN v_got ELSE l.acquired_at END,
+                   renewed_at = v_got, expires_at = v_got + acquire_lease.ttl
+             WHERE l.name = acquire_lease.name;
+            RETURN v_token;
+        END IF;
+        IF EXISTS (SELECT FROM pglockkit.leases h
+                    WHERE h.name = acquire_lease.name AND h.released_at IS NULL
+                      AND h.holder <> acquire_lease.holder AND NOT h.session_bound
+                      AND h.expires_at > pg_catalog.clock_timestamp()) THEN
             RETURN NULL;  -- live, another holder's, unbound: seen without locking its row
         END IF;
     END IF;
 
-    v_key := pglockkit._lease_session_key(acquire_lease.name, v_pid);
-    IF bind_session THEN
-        v_bind := v_key;
-    END IF;
+    DECLARE
+        v_key   bigint := pglockkit._lease_session_key(acquire_lease.name, v_pid);
+        v_row   pglockkit.leases;
+        v_bind  bigint;  -- the key this acquisition binds to, NULL if unbound
+        v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks
+                                   -- shows it like a session lock, so _advisory_held cannot tell them apart)
+        v_tries integer := 0;
+    BEGIN
+        IF bind_session THEN
+            v_bind := v_key;
+        END IF;
 
-    -- Lock the name's row: a concurrent acquirer waits here, then sees this transaction's outcome.
-    -- A new name (or one whose row prune_leases deleted) first gets a row that is free; this
-    -- transaction takes it below, like any free lease, with a token drawn once the row is ours.
-    LOOP
-        SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
-        EXIT WHEN FOUND;
-        v_tries := v_tries OPERATOR(pg_catalog.+) 1;
-        IF v_tries > 3 THEN
-            -- Under REPEATABLE READ or SERIALIZABLE: the row was created after our snapshot.
-            RAISE EXCEPTION 'lease "%" was created or deleted concurrently', acquire_lease.name
-                USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
-        END IF;
-        v_now := pg_catalog.clock_timestamp();
-        INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
-        VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
-        ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
-    END LOOP;
+        -- Lock the name's row: a concurrent acquirer waits here, then sees this transaction's
+        -- outcome. A new name (or one whose row prune_leases deleted) first gets a row that is
+        -- free; this transaction takes it below, like any free lease, with a token drawn once the
+        -- row is ours.
+        LOOP
+            SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
+            EXIT WHEN FOUND;
+            v_tries := v_tries OPERATOR(pg_catalog.+) 1;
+            IF v_tries > 3 THEN
+                -- Under REPEATABLE READ or SERIALIZABLE: the row was created after our snapshot.
+                RAISE EXCEPTION 'lease "%" was created or deleted concurrently', acquire_lease.name
+                    USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
+            END IF;
+            v_now := pg_catalog.clock_timestamp();
+            INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
+            VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
+            ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+        END LOOP;
 
-    v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
-    IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
-        IF v_row.holder = acquire_lease.holder THEN
-            -- The live holder acquiring again: a renewal, same token.
-            UPDATE pglockkit.leases l
-               SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
-             WHERE l.name = acquire_lease.name;
-            RETURN v_row.token;
+        v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
+        IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
+            IF v_row.holder = acquire_lease.holder THEN
+                -- The live holder acquiring again: a renewal, same token.
+                UPDATE pglockkit.leases l
+                   SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
+                 WHERE l.name = acquire_lease.name;
+                RETURN v_row.token;
+            END IF;
+            -- Held by another. A session-bound lease is free early only if its holder's backend is
+            -- gone: nobody holds its key (this session holding it is the holder, alive).
+            IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
+                RETURN NULL;
+            END IF;
+            IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
+                RETURN NULL;
+            END IF;
+            IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
+                RETURN NULL;
+            END IF;
+            v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused or
+                                                  -- its session locks dropped by hand)
         END IF;
-        -- Held by another. A session-bound lease is free early only if its holder's backend is gone:
-        -- nobody holds its key (this session holding it is the holder, alive).
-        IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
-            RETURN NULL;
-        END IF;
-        IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
-            RETURN NULL;
-        END IF;
-        IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
-            RETURN NULL;
-        END IF;
-        v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused or
-                                              -- its session locks dropped by hand)
-    END IF;
 
-    -- Free: released, expired, or its session-bound holder's backend is gone. Whoever held it may
-    -- still hold its own key: that blocks nobody, since this acquirer binds to a key of its own.
-    -- The token is drawn while this transaction holds the row, so it is larger than every token
-    -- of this name handed out before, even one whose row was pruned since.
-    v_token := pg_catalog.nextval('pglockkit.lease_tokens');
-    UPDATE pglockkit.leases l
-       SET holder = acquire_lease.holder, token = v_token, acquired_at = v_now, renewed_at = v_now,
-           expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
-           session_bound = bind_session, holder_pid = v_pid,
-           session_key = v_bind
-     WHERE l.name = acquire_lease.name;
+        -- Free: released, expired, or its session-bound holder's backend is gone. Whoever held it
+        -- may still hold its own key: that blocks nobody, since this acquirer binds to a key of its
+        -- own. The token is drawn while this transaction holds the row, so it is larger than every
+        -- token of this name handed out before, even one whose row was pruned since.
+        v_token := pg_catalog.nextval('pglockkit.lease_tokens');
+        UPDATE pglockkit.leases l
+           SET holder = acquire_lease.holder, token = v_token, acquired_at = v_now, renewed_at = v_now,
+               expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
+               session_bound = bind_session, holder_pid = v_pid,
+               session_key = v_bind
+         WHERE l.name = acquire_lease.name;
 
-    IF v_row.session_bound AND v_row.holder_pid = v_pid
-       AND v_row.session_key IS DISTINCT FROM v_bind
-       AND pglockkit._advisory_held(v_row.session_key, true) THEN
-        -- This session bound the lease before and takes it again unbound (or held an older kind
-        -- of key): its old binding is stale.
-        PERFORM pg_catalog.pg_advisory_unlock(v_row.session_key);
-    END IF;
-    -- Bind to the session key, once: a session that bound an earlier acquisition of this name (and
-    -- still holds its key, advisory locks being re-entrant) must not take it a second time, or one
-    -- release_lease would leave it held.
-    IF bind_session AND (v_xact OR NOT pglockkit._advisory_held(v_key, true))
-       AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
-        -- The key is this backend's own: only someone who took it by hand can hold it.
-        RAISE EXCEPTION 'lease "%": its session key % is held by another session', acquire_lease.name, v_key
-            USING ERRCODE = 'lock_not_available';
-    END IF;
-    RETURN v_token;
+        IF v_row.session_bound AND v_row.holder_pid = v_pid
+           AND v_row.session_key IS DISTINCT FROM v_bind
+           AND pglockkit._advisory_held(v_row.session_key, true) THEN
+            -- This session bound the lease before and takes it again unbound (or held an older
+            -- kind of key): its old binding is stale.
+            PERFORM pg_catalog.pg_advisory_unlock(v_row.session_key);
+        END IF;
+        -- Bind to the session key, once: a session that bound an earlier acquisition of this name
+        -- (and still holds its key, advisory locks being re-entrant) must not take it a second
+        -- time, or one release_lease would leave it held.
+        IF bind_session AND (v_xact OR NOT pglockkit._advisory_held(v_key, true))
+           AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
+            -- The key is this backend's own: only someone who took it by hand can hold it.
+            RAISE EXCEPTION 'lease "%": its session key % is held by another session', acquire_lease.name, v_key
+                USING ERRCODE = 'lock_not_available';
+        END IF;
+        RETURN v_token;
+    END;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.acquire_lease(text, text, interval, boolean) IS
@@ -1106,6 +1114,9 @@ $$;
 COMMENT ON FUNCTION pglockkit.renew_lease(text, text, bigint, interval) IS
     'Extends a live lease to now + ttl. True only for the current holder with the current token before expiry; false (nothing changed) otherwise: the lease is lost, stop writing. A false also unlocks this session''s key for the name unless the session still holds the lease bound.';
 
+-- release_lease's common case, an unbound lease released by its holder, runs the checks, the
+-- UPDATE and one comparison: every PL/pgSQL expression is prepared again in each transaction, so
+-- the rare cases' tests (and the call of _advisory_held that one of them makes) come after it.
 CREATE FUNCTION pglockkit.release_lease(name text, holder text, token bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1114,12 +1125,10 @@ DECLARE
     v_bound boolean;
     v_key   bigint;
 BEGIN
-    IF release_lease.name IS NULL OR release_lease.holder IS NULL
+    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL
        OR release_lease.name = '' OR release_lease.holder = '' THEN
         -- (release takes no ttl: a placeholder satisfies the shared check)
         PERFORM pglockkit._check_lease_args(release_lease.name, release_lease.holder, interval '1 second');
-    END IF;
-    IF release_lease.token IS NULL THEN
         RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     UPDATE pglockkit.leases l
@@ -1129,12 +1138,15 @@ BEGIN
        AND l.token = release_lease.token
        AND l.released_at IS NULL
     RETURNING l.session_bound, l.session_key INTO v_bound, v_key;
-    IF NOT FOUND THEN
+    IF NOT v_bound THEN  -- NULL if nothing was updated
+        RETURN true;
+    END IF;
+    IF v_bound IS NULL THEN
         -- Not ours (any more): a stale bound holder lets go of its key.
         PERFORM pglockkit._lease_drop_stale_key(release_lease.name);
         RETURN false;
     END IF;
-    IF v_bound AND v_key IS NOT NULL AND pglockkit._advisory_held(v_key, true) THEN
+    IF v_key IS NOT NULL AND pglockkit._advisory_held(v_key, true) THEN
         PERFORM pg_catalog.pg_advisory_unlock(v_key);
     END IF;
     RETURN true;
@@ -1189,7 +1201,7 @@ COMMENT ON VIEW pglockkit.lease_status IS
 
 CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
 COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: one per acquisition, drawn while the acquirer holds the name''s row, never reused; each name''s tokens strictly increase.';
+    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
 
 CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -3896,6 +3908,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first');
 
 COMMIT;
