@@ -3,8 +3,9 @@
 -- that a loser would not lock the row); it is now an UPDATE that decides on its snapshot, locks
 -- only a row it takes, and decides again on a row that changed while it waited. The clock is read
 -- before the statement; a call that waited for the row more than a millisecond stamps the lease
--- again with the time it got it. An acquirer that races for a freed lease and loses it now draws
--- a token that nobody gets (tokens skip values; they never repeat and each name's increase).
+-- again with the time it got it. An acquirer whose row changed under it (a race for a freed lease
+-- lost, a release while it waited) now draws a token that nobody gets (tokens skip values; they
+-- never repeat and each name's increase).
 -- release_lease tests its rare cases after the common one. Same names, signatures, results,
 -- errors. The why and the figures: sql/schema/03_leases.sql and CHANGELOG.md.
 

@@ -94,8 +94,9 @@ COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
 -- stamped again with that second reading: a lease that waited for its row starts when it got it.
 -- A decision on the earlier reading errs only toward live: a free row stays free, and a renewal
 -- of a lease that expired while its holder's own call waited keeps the token nobody else got.
--- And the token is drawn when the new values are computed, before the row lock: an acquirer that
--- raced for a freed lease and lost it draws a token that nobody gets. Tokens still never repeat
+-- And the token is drawn when the new values are computed, before the row lock, and again after a
+-- change: an acquirer whose row changed under it (it raced for a freed lease and lost, or the row
+-- was released while it waited) draws a token that nobody gets. Tokens still never repeat
 -- and each name's still strictly increase (the row version that the update lands on was committed
 -- before the draw, or the values are computed again); they skip more values. The previous form
 -- (0005: INSERT ... ON CONFLICT DO UPDATE, which locks the row first, behind a NOT EXISTS check
