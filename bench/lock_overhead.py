@@ -19,7 +19,9 @@ What is measured
      process and sends one statement that, for a free lock, costs the server one
      ``pg_try_advisory_xact_lock``; the baseline's keys
      are precomputed, so it costs only the call. Both sides go through psycopg's
-     ``conn.execute`` (a cursor per call), as a caller's code would.
+     ``conn.execute`` (a cursor per call), as a caller's code would;
+   - the same for ``pglockkit.xact_lock_all(conn, 'bench', resources)`` with 4 resources (their
+     keys computed locally and tried in one statement) vs ``conn.execute`` of the 4 bare locks.
 
    For every client count, each statement runs ``--runs`` times for ``--seconds``; within a run
    the baseline and the pglockkit statements alternate (in a rotated order from run to run), so
@@ -206,6 +208,23 @@ def workloads() -> list[Workload]:
                     "pglockkit.xact_lock_all(ns, text[4])",
                     f"SELECT pglockkit.xact_lock_all('{NAMESPACE}', %s::text[])",
                     lambda c, _ns_id: (_resources(c),),
+                ),
+            ),
+        ),
+        Workload(
+            "Python helper, 4 locks",
+            Statement(
+                "conn.execute(4 x pg_advisory_xact_lock(key))",
+                four_keys.sql,
+                four_keys.params,
+                lambda conn, _cur, sql, params: conn.execute(sql, params),
+            ),
+            (
+                Statement(
+                    "pglockkit.xact_lock_all(conn, ns, text[4])",
+                    "",
+                    lambda c, _ns_id: (_resources(c),),
+                    lambda conn, _cur, _sql, params: pglockkit.xact_lock_all(conn, NAMESPACE, *params),
                 ),
             ),
         ),

@@ -81,7 +81,7 @@ SECTIONS = [
         lock_overhead,
         ("--seconds", "1", "--runs", "3", "--clients", "1,4"),
         ("--seconds", "0.1", "--runs", "1", "--clients", "1"),
-        60,
+        75,
     ),
     Section(
         "queue",

@@ -233,6 +233,17 @@ def resource_key(ns: str, resource: str | int) -> Call[int]:
 # Schema-qualified: a caller's search_path cannot put another function before pg_catalog's.
 TRY_KEY = "SELECT pg_catalog.pg_try_advisory_xact_lock(%s)"
 WAIT_KEY = "SELECT pglockkit._xact_lock(%s, %s, %s)"
+# xact_lock_all's fast path, the same way: the distinct keys, computed here, ascending. The server
+# tries them in that order and stops at the first one held (an EXISTS stops at its first row), so
+# that, as in pglockkit.xact_lock_all, a transaction never holds a key above one it lacks; the SQL
+# function then takes them all in order, waiting (a key this transaction holds is taken again at
+# once). Server time per transaction of 4 free locks, PG 18: 2 us over 4 bare locks, against 35
+# for the PL/pgSQL function, whose expressions are prepared again in every transaction.
+TRY_KEYS = (
+    "SELECT NOT EXISTS (SELECT FROM pg_catalog.unnest(%s::pg_catalog.int8[]) AS k"
+    " WHERE NOT pg_catalog.pg_try_advisory_xact_lock(k))"
+)
+_MAX_LOCKS = 1000  # pglockkit.xact_lock_all's limit (22023 past it)
 # Which database a connection reaches, returned with the SQL lock calls for the namespace-id cache.
 DATABASE_IDENTITY = (
     "(SELECT d.oid FROM pg_catalog.pg_database d"
@@ -287,6 +298,37 @@ def local_key(
     if timeout is not None and not _wait_checked_locally(seconds(timeout)):
         return None
     return _local_key(conn, ns, resource)
+
+
+def local_keys(
+    conn: AnyConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout
+) -> list[int] | None:
+    """The distinct keys, ascending, that ``xact_lock_all`` tries with TRY_KEYS (``try_keys``), or
+    None where the SQL function must decide: no id cached, an empty or overlong list, resources of
+    both kinds or of another, a timeout it refuses. Refuses an autocommit connection."""
+    require_transaction(conn, "xact_lock_all")
+    if timeout is not None and not _wait_checked_locally(seconds(timeout)):
+        return None
+    if not 0 < len(resources) <= _MAX_LOCKS:
+        return None
+    kind = type(resources[0])
+    keys = set()
+    for resource in resources:
+        key = _local_key(conn, ns, resource) if type(resource) is kind else None
+        if key is None:
+            return None
+        keys.add(key)
+    return sorted(keys)
+
+
+def try_keys(conn: psycopg.Connection, keys: list[int]) -> bool:
+    with translated():
+        return conn.execute(TRY_KEYS, (keys,)).fetchone()[0]
+
+
+async def atry_keys(conn: psycopg.AsyncConnection, keys: list[int]) -> bool:
+    with translated():
+        return (await (await conn.execute(TRY_KEYS, (keys,))).fetchone())[0]
 
 
 def try_key(conn: psycopg.Connection, key: int) -> bool:
@@ -353,16 +395,30 @@ def xact_lock(
 def xact_lock_all(
     conn: AnyConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout
 ) -> Call[list[int]]:
+    """``pglockkit.xact_lock_all``, which also teaches the cache (its keys' high bits are the
+    namespace's id); the helpers try ``local_keys`` themselves first."""
     require_transaction(conn, "xact_lock_all")
     resources = list(resources)
-    array_type = "bigint[]" if resources and all(isinstance(r, int) for r in resources) else "text[]"
+    ints = resources and all(isinstance(r, int) for r in resources)
+
+    def decode(rows: Rows) -> list[int]:
+        keys, db_oid, server_started = rows[0]
+        if keys:
+            _nscache.learn(conn, ns, keys[0] >> 48, db_oid, server_started)
+        return keys
+
     return Call(
-        sql.SQL("SELECT pglockkit.xact_lock_all(%s, %s::{}, %s)").format(sql.SQL(array_type)),
+        XACT_LOCK_ALL_INTS if ints else XACT_LOCK_ALL_TEXTS,
         (ns, resources, interval(timeout)),
+        decode=decode,
         done=lambda keys, elapsed: lock_event(
             "acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=_ms(elapsed)
         ),
     )
+
+
+XACT_LOCK_ALL_TEXTS = f"SELECT pglockkit.xact_lock_all(%s, %s::text[], %s), {DATABASE_IDENTITY}"
+XACT_LOCK_ALL_INTS = f"SELECT pglockkit.xact_lock_all(%s, %s::bigint[], %s), {DATABASE_IDENTITY}"
 
 
 def lock_rows(conn: AnyConnection, table: str, ids: Sequence[int], timeout: Timeout) -> Call[int]:

@@ -3,8 +3,9 @@
 Every function here runs a call description of ``pglockkit._calls`` (shared with
 ``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
 id cached per process (``pglockkit._nscache``) and try it with one ``pg_try_advisory_xact_lock``;
-``xact_lock`` then calls the SQL function's wait only if the key is held; a namespace not cached
-and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every
+``xact_lock`` then calls the SQL function's wait only if the key is held; ``xact_lock_all`` tries
+its keys the same way, in ascending order, and calls the SQL function if one is held. A namespace
+not cached and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every
 function here.
 """
 
@@ -86,6 +87,10 @@ def xact_lock_all(
     """Lock many resources for the transaction, in ascending key order (no deadlocks between
     callers), within one ``timeout`` for the whole call. Returns the keys in the order taken.
     """
+    keys = _calls.local_keys(conn, ns, resources, timeout)
+    if keys is not None and _calls.try_keys(conn, keys):
+        _calls.lock_event("acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=0.0)
+        return keys
     return _calls.run(conn, _calls.xact_lock_all(conn, ns, resources, timeout))
 
 

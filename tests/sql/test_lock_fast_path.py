@@ -36,6 +36,8 @@ def _numbered(query: str) -> str:
 
 TRY = _numbered(_calls.TRY_KEY)  # the one statement of a free lock with the namespace id cached
 WAIT = _numbered(_calls.WAIT_KEY)  # xact_lock's second, when the key is held
+TRY_ALL = _numbered(_calls.TRY_KEYS)  # xact_lock_all's one statement for free locks, cache filled
+LOCK_ALL = _numbered(_calls.XACT_LOCK_ALL_TEXTS)  # its SQL function (cache empty, or a key held)
 
 
 class Client:
@@ -60,6 +62,9 @@ class Client:
 
     def try_xact_lock(self, ns, resource) -> bool:
         return self._call("try_xact_lock", ns, resource)
+
+    def xact_lock_all(self, ns, resources, timeout=None) -> list[int]:
+        return self._call("xact_lock_all", ns, resources, timeout)
 
     def execute(self, query: str, params=()) -> None:
         if self.flavour == "sync":
@@ -160,6 +165,53 @@ def test_a_free_lock_is_one_round_trip_taking_the_key_sql_computes(db, ns, clien
     assert held(db.conn, c.pid) >= {key, sql_key(db.conn, ns, f"{resource}+")}
     c.rollback()
     assert held(db.conn, c.pid) == set()
+
+
+def test_xact_lock_all_takes_free_keys_in_one_round_trip_of_tries(db, ns, client):
+    """The SQL function's first call teaches the cache; then a free set is one statement that
+    tries the distinct keys, computed here, in ascending order: the keys SQL computes, held until
+    the transaction ends."""
+    c = client()
+    c.execute("SELECT 1")
+    with c.statements() as first:
+        assert c.xact_lock_all(ns, ["fills", "the cache"]) == sorted(
+            sql_key(db.conn, ns, r) for r in ("fills", "the cache")
+        )
+    assert first == [LOCK_ALL]
+    with c.statements() as sent:
+        texts = c.xact_lock_all(ns, ["z", "a", "fäktura ✓", "a"], 2)
+        ints = c.xact_lock_all(ns, [9, 3, 9])
+    assert sent == [TRY_ALL, TRY_ALL]
+    assert texts == sorted({sql_key(db.conn, ns, r) for r in ("z", "a", "fäktura ✓")})
+    assert ints == sorted({sql_key(db.conn, ns, 9), sql_key(db.conn, ns, 3)})
+    assert held(db.conn, c.pid) >= set(texts) | set(ints)
+    c.rollback()
+    assert held(db.conn, c.pid) == set()
+
+
+def test_xact_lock_all_at_a_held_key_holds_only_the_keys_below_it_and_waits(db, ns, client):
+    """The tries stop at the first held key, as the SQL function's do: while the call waits, its
+    transaction holds exactly the keys below the held one (never one above a key it lacks: no
+    deadlock between callers), then the SQL function takes the rest in order."""
+    c = client()
+    c.xact_lock_all(ns, ["fills the cache"])
+    c.rollback()
+    c.execute("SELECT 1")  # the transaction is open: its BEGIN is not the helper's round trip
+    resources = [f"r{i}" for i in range(6)]
+    keys = sorted(sql_key(db.conn, ns, r) for r in resources)
+    seen: dict[str, set[int]] = {}
+    with db.connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (keys[3],))
+        threading.Timer(0.3, lambda: seen.setdefault("waiting", held(db.conn, c.pid))).start()
+        threading.Timer(0.6, holder.execute, args=("COMMIT",)).start()
+        with c.statements() as sent:
+            started = time.monotonic()
+            assert c.xact_lock_all(ns, resources, 5) == keys
+            assert 0.5 <= time.monotonic() - started < 4
+    assert sent == [TRY_ALL, LOCK_ALL]
+    assert seen["waiting"] == set(keys[:3])
+    assert held(db.conn, c.pid) == set(keys)
 
 
 def test_a_callers_search_path_cannot_change_the_fast_path(db, ns, client):
@@ -348,6 +400,40 @@ def test_bad_input_gets_the_same_error_with_the_cache_filled_or_not(db, ns, clie
     c.autocommit()
     expected = _outcome(lambda: getattr(c, helper)(ns, "r"))
     assert expected[0] is ValueError and "conn.transaction()" in expected[1]
+
+
+BAD_SETS = [  # (namespace, resources, timeout) for xact_lock_all
+    ("missing", ["r"], None),
+    (None, ["r"], None),
+    ("graphs", ["r", None], None),
+    ("graphs", [3, -1], None),
+    ("graphs", [2**47], None),
+    ("graphs", [True], None),
+    ("graphs", ["a\x00b"], None),
+    ("graphs", [f"r{i}" for i in range(1001)], None),
+    ("graphs", ["r"], 0),
+    ("graphs", ["r", "s"], -1),
+    ("graphs", [7], timedelta(days=25)),
+]
+
+
+def test_xact_lock_all_bad_input_gets_the_same_error_with_the_cache_filled_or_not(
+    db, ns, client, monkeypatch
+):
+    """As for the single locks: each bad set is refused as the SQL function's call refuses it, with
+    the namespace cached or not."""
+    c = client()
+    with db.connect(autocommit=False) as today:
+        for args in BAD_SETS:
+            expected = _outcome(lambda a=args: _calls.run(today, _calls.xact_lock_all(today, *a)))
+            today.rollback()
+            for refresh_s in (-1.0, _nscache.REFRESH_S):  # never cached; cached
+                monkeypatch.setattr(_nscache, "REFRESH_S", refresh_s)
+                c.xact_lock_all(ns, ["fills the cache"])
+                c.rollback()
+                got = _outcome(lambda a=args: c.xact_lock_all(*a))
+                assert got == expected, (args[0], args[1][:3], args[2], refresh_s)
+                c.rollback()
 
 
 def test_many_threads_share_one_cache(db, monkeypatch):

@@ -58,8 +58,8 @@ def test_every_sync_operation_has_an_async_twin_with_the_same_signature():
 def _calls_used(path: Path) -> dict[str, set[str]]:
     """For each function and method in ``path`` (``Class.method``, ``__aenter__`` named
     ``__enter__``): the ``_calls`` builders and events it uses (not the runners, whose sync and
-    async twins have two names: ``run``/``arun``, and ``try_key``/``atry_key`` of the lock
-    helpers' fast path)."""
+    async twins have two names: ``run``/``arun``, and ``try_key``/``atry_key`` and
+    ``try_keys``/``atry_keys`` of the lock helpers' fast path)."""
     same = {"__aenter__": "__enter__", "__aexit__": "__exit__"}
     functions = []
     for node in ast.parse(path.read_text()).body:
@@ -76,7 +76,7 @@ def _calls_used(path: Path) -> dict[str, set[str]]:
             if isinstance(n, ast.Attribute)
             and isinstance(n.value, ast.Name)
             and n.value.id == "_calls"
-            and n.attr not in {"run", "arun", "try_key", "atry_key"}
+            and n.attr not in {"run", "arun", "try_key", "atry_key", "try_keys", "atry_keys"}
         }
         for name, node in functions
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
