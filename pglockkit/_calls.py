@@ -300,9 +300,7 @@ def local_key(
     return _local_key(conn, ns, resource)
 
 
-def local_keys(
-    conn: AnyConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout
-) -> list[int] | None:
+def local_keys(conn: AnyConnection, ns: str, resources: list, timeout: Timeout) -> list[int] | None:
     """The distinct keys, ascending, that ``xact_lock_all`` tries with TRY_KEYS (``try_keys``), or
     None where the SQL function must decide: no id cached, an empty or overlong list, resources of
     both kinds or of another, a timeout it refuses. Refuses an autocommit connection."""

@@ -176,6 +176,7 @@ async def xact_lock_all(
     conn: psycopg.AsyncConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout = None
 ) -> list[int]:
     """Lock many resources for the transaction in ascending key order, within one ``timeout``."""
+    resources = list(resources)  # any iterable, read once
     keys = _calls.local_keys(conn, ns, resources, timeout)
     if keys is not None and await _calls.atry_keys(conn, keys):
         _calls.lock_event("acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=0.0)

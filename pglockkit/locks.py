@@ -5,8 +5,8 @@ Every function here runs a call description of ``pglockkit._calls`` (shared with
 id cached per process (``pglockkit._nscache``) and try it with one ``pg_try_advisory_xact_lock``;
 ``xact_lock`` then calls the SQL function's wait only if the key is held; ``xact_lock_all`` tries
 its keys the same way, in ascending order, and calls the SQL function if one is held. A namespace
-not cached and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every
-function here.
+not cached and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL,
+as for every function here.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def xact_lock_all(
     """Lock many resources for the transaction, in ascending key order (no deadlocks between
     callers), within one ``timeout`` for the whole call. Returns the keys in the order taken.
     """
+    resources = list(resources)  # any iterable, read once
     keys = _calls.local_keys(conn, ns, resources, timeout)
     if keys is not None and _calls.try_keys(conn, keys):
         _calls.lock_event("acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=0.0)

@@ -181,7 +181,9 @@ def test_xact_lock_all_takes_free_keys_in_one_round_trip_of_tries(db, ns, client
     with c.statements() as sent:
         texts = c.xact_lock_all(ns, ["z", "a", "fäktura ✓", "a"], 2)
         ints = c.xact_lock_all(ns, [9, 3, 9])
-    assert sent == [TRY_ALL, TRY_ALL]
+        once = c.xact_lock_all(ns, (r for r in ("g2", "g1")))  # any iterable, read once
+    assert sent == [TRY_ALL, TRY_ALL, TRY_ALL]
+    assert once == sorted(sql_key(db.conn, ns, r) for r in ("g1", "g2"))
     assert texts == sorted({sql_key(db.conn, ns, r) for r in ("z", "a", "fäktura ✓")})
     assert ints == sorted({sql_key(db.conn, ns, 9), sql_key(db.conn, ns, 3)})
     assert held(db.conn, c.pid) >= set(texts) | set(ints)
