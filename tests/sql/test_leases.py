@@ -538,6 +538,32 @@ def test_an_acquirer_that_waited_for_an_unchanged_row_starts_when_it_got_it(db, 
         assert (row[3] - row[2]).total_seconds() == 60
 
 
+def test_a_renewal_that_waited_past_the_expiry_keeps_the_token_nobody_else_got(db):
+    """The holder renews (acquire_lease again) while its own fenced writer holds the row: the call
+    decides on the time it asked, when the lease was live, waits, and the lease expires during
+    the wait. Nobody else can have taken it (they would wait for the same row), so the renewal
+    keeps the token, and the lease runs its ttl from the time the call got the row."""
+    with db.connect() as writer, db.connect() as renewer:
+        token = acquire_lease(writer, "renewed late", "h", timedelta(milliseconds=300))
+        writer.execute("BEGIN")
+        check_fence(writer, "renewed late", token)
+        got = {}
+        thread = threading.Thread(
+            target=lambda: got.setdefault("token", acquire_lease(renewer, "renewed late", "h", 60))
+        )
+        thread.start()
+        time.sleep(0.5)  # past the expiry, still waiting
+        assert thread.is_alive(), "the renewal did not wait for the row"
+        before_end = writer.execute("SELECT clock_timestamp()").fetchone()[0]
+        writer.execute("COMMIT")
+        thread.join(5)
+        assert got["token"] == token
+        renewed, expires = db.conn.execute(
+            "SELECT renewed_at, expires_at FROM pglockkit.leases WHERE name = 'renewed late'"
+        ).fetchone()
+        assert renewed >= before_end and (expires - renewed).total_seconds() == 60
+
+
 def test_a_contender_that_loses_locks_nothing_and_holds_up_no_one(db):
     """A lease another holder has live: acquire_lease answers NULL without locking the row or
     writing anything, so the holder renews and releases at once while the loser's transaction is
