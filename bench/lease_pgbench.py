@@ -28,7 +28,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ import psycopg
 import pglockkit
 from bench.common import add_target_arguments, environment, int_list, positive, report, spread, target
 from bench.lease_throughput import BASELINE_SETUP
-from bench.pgbench_compare import TPS, _pgbench, _written, find_pgbench, pgbench_version, run_pgbench_mixed
+from bench.pgbench_compare import find_pgbench, pgbench_version, run_pgbench, run_pgbench_mixed
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "lease_pgbench.json"
 SCRIPTS = {"pglockkit": "lease.sql", "bare upsert": "lease_bare_upsert.sql"}
@@ -100,10 +99,7 @@ def run_one_name(
     with psycopg.connect(dsn, autocommit=True) as conn:
         _free_the_name(conn)
         before = _cycles(conn, design)
-        with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
-            stdout = _pgbench(
-                pgbench, dsn, [_written(SCRIPTS[design], literals, directory)], clients, seconds, env=env
-            )
+        attempts = run_pgbench(pgbench, dsn, SCRIPTS[design], clients, seconds, literals, env)
         # pgbench's sessions report their function counts as they exit: wait until they are in.
         after, deadline = _cycles(conn, design), time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -112,7 +108,7 @@ def run_one_name(
             if settled == after:
                 break
             after = settled
-    return (after - before) / seconds, float(TPS.search(stdout).group(1))
+    return (after - before) / seconds, attempts
 
 
 def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:

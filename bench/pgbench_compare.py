@@ -106,13 +106,21 @@ def pgbench_version(pgbench: str) -> str:
 
 
 def run_pgbench(
-    pgbench: str, dsn: str, script: str, clients: int, seconds: int, literals: dict[str, str] | None = None
+    pgbench: str,
+    dsn: str,
+    script: str,
+    clients: int,
+    seconds: int,
+    literals: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> float:
-    """One pgbench run; returns tps without the initial connection time. ``literals`` are written
-    into the script as SQL text (a pgbench variable would be a bound parameter under -M prepared,
-    where a hot loop in SQL has the namespace id as a literal, folded when planned)."""
+    """One pgbench run (in ``env`` if given); returns tps without the initial connection time.
+    ``literals`` are written into the script as SQL text (a pgbench variable would be a bound
+    parameter under -M prepared, where a hot loop in SQL has the namespace id as a literal, folded
+    when planned)."""
     with tempfile.TemporaryDirectory(prefix="pglockkit-bench-") as directory:
-        stdout = _pgbench(pgbench, dsn, [_written(script, literals or {}, directory)], clients, seconds)
+        files = [_written(script, literals or {}, directory)]
+        stdout = _pgbench(pgbench, dsn, files, clients, seconds, env=env)
     return float(TPS.search(stdout).group(1))
 
 

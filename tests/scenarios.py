@@ -191,7 +191,7 @@ def lease_contenders(
         "open": open_,
         "holders": holders,
         "overlaps": overlaps,
-        "tokens_in_order": tokens == sorted(set(tokens)) and len(tokens) == n,
+        "tokens_in_order": tokens == sorted(set(tokens)),
     }
 
 

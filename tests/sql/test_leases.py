@@ -477,6 +477,21 @@ def test_acquirers_racing_for_a_freed_lease_get_tokens_in_holding_order_never_tw
     assert last >= got[-1]
 
 
+def _acquire_behind(blocker, conn, name: str, holder: str, ttl, end: str = "COMMIT", wait: float = 0.2):
+    """acquire_lease(conn, name, holder, ttl) in a thread while ``blocker``'s open transaction holds
+    the row: checks that it waits, reads the clock, ends the blocker's transaction with ``end``.
+    Returns the token the call got and that clock reading (just before the wait ended)."""
+    got = {}
+    thread = threading.Thread(target=lambda: got.setdefault("token", acquire_lease(conn, name, holder, ttl)))
+    thread.start()
+    time.sleep(wait)
+    assert thread.is_alive(), "the acquirer did not wait for the row"
+    before_end = blocker.execute("SELECT clock_timestamp()").fetchone()[0]
+    blocker.execute(end)
+    thread.join(5)
+    return got["token"], before_end
+
+
 def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
     """The lease has expired; its holder releases it inside a transaction that stays open, so an
     acquirer waits for the row. It gets a larger token once the release commits, and its lease
@@ -487,17 +502,8 @@ def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
         time.sleep(0.15)
         holder.execute("BEGIN")
         assert release_lease(holder, "slow-release", "holder", token)
-        got = {}
-        thread = threading.Thread(
-            target=lambda: got.setdefault("token", acquire_lease(rival, "slow-release", "rival", 60))
-        )
-        thread.start()
-        time.sleep(0.2)
-        assert thread.is_alive(), "the acquirer did not wait for the row"
-        before_commit = holder.execute("SELECT clock_timestamp()").fetchone()[0]
-        holder.execute("COMMIT")
-        thread.join(5)
-        assert got["token"] > token
+        got, before_commit = _acquire_behind(holder, rival, "slow-release", "rival", 60)
+        assert got > token
         acquired, renewed = db.conn.execute(
             "SELECT acquired_at, renewed_at FROM pglockkit.leases WHERE name = 'slow-release'"
         ).fetchone()
@@ -519,17 +525,9 @@ def test_an_acquirer_that_waited_for_an_unchanged_row_starts_when_it_got_it(db, 
         else:
             time.sleep(0.2)  # expired
             assert release_lease(holder, "unchanged", "holder", token)
-        got = {}
-        thread = threading.Thread(
-            target=lambda: got.setdefault("token", acquire_lease(rival, "unchanged", "rival", 60))
-        )
-        thread.start()
-        time.sleep(0.2)
-        assert thread.is_alive(), "the acquirer did not wait for the row"
-        before_end = holder.execute("SELECT clock_timestamp()").fetchone()[0]
-        holder.execute("COMMIT" if blocker == "fenced writer expires" else "ROLLBACK")
-        thread.join(5)
-        assert got["token"] > token
+        end = "COMMIT" if blocker == "fenced writer expires" else "ROLLBACK"
+        got, before_end = _acquire_behind(holder, rival, "unchanged", "rival", 60, end)
+        assert got > token
         row = db.conn.execute(
             "SELECT holder, acquired_at, renewed_at, expires_at FROM pglockkit.leases"
             " WHERE name = 'unchanged'"
@@ -547,17 +545,10 @@ def test_a_renewal_that_waited_past_the_expiry_keeps_the_token_nobody_else_got(d
         token = acquire_lease(writer, "renewed late", "h", timedelta(milliseconds=300))
         writer.execute("BEGIN")
         check_fence(writer, "renewed late", token)
-        got = {}
-        thread = threading.Thread(
-            target=lambda: got.setdefault("token", acquire_lease(renewer, "renewed late", "h", 60))
-        )
-        thread.start()
-        time.sleep(0.5)  # past the expiry, still waiting
-        assert thread.is_alive(), "the renewal did not wait for the row"
-        before_end = writer.execute("SELECT clock_timestamp()").fetchone()[0]
-        writer.execute("COMMIT")
-        thread.join(5)
-        assert got["token"] == token
+        got, before_end = _acquire_behind(
+            writer, renewer, "renewed late", "h", 60, wait=0.5
+        )  # past the expiry
+        assert got == token
         renewed, expires = db.conn.execute(
             "SELECT renewed_at, expires_at FROM pglockkit.leases WHERE name = 'renewed late'"
         ).fetchone()
@@ -585,13 +576,8 @@ def test_the_same_holder_renewing_a_row_renewed_while_it_waited_keeps_the_later_
         token = acquire_lease(a, "both", "h", 60)
         a.execute("BEGIN")
         assert renew_lease(a, "both", "h", token, 3600)
-        got = {}
-        thread = threading.Thread(target=lambda: got.setdefault("token", acquire_lease(b, "both", "h", 60)))
-        thread.start()
-        time.sleep(0.2)
-        a.execute("COMMIT")
-        thread.join(5)
-        assert got["token"] == token  # a renewal
+        got, _ = _acquire_behind(a, b, "both", "h", 60)
+        assert got == token  # a renewal
         acquired, renewed, expires = db.conn.execute(
             "SELECT acquired_at, renewed_at, expires_at FROM pglockkit.leases WHERE name = 'both'"
         ).fetchone()
