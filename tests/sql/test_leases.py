@@ -161,6 +161,9 @@ def test_sixteen_contenders_never_overlap(db):
         ("SELECT pglockkit.renew_lease(%s, %s, %s, %s)", ("held", "h", 1, timedelta(0)), "22023"),
         ("SELECT pglockkit.release_lease(%s, %s, %s)", ("held", "h", None), "22004"),
         ("SELECT pglockkit.release_lease(%s, %s, %s)", ("", "h", 1), "22023"),
+        ("SELECT pglockkit.release_lease(%s, %s, %s)", ("held", "", 1), "22023"),
+        ("SELECT pglockkit.release_lease(%s, %s, %s)", (None, "h", 1), "22004"),
+        ("SELECT pglockkit.release_lease(%s, %s, %s)", ("held", None, 1), "22004"),
         ("SELECT pglockkit.check_fence(%s, %s)", ("held", None), "22004"),
         ("SELECT pglockkit.check_fence(%s, %s)", ("held", 99), "PK001"),
     ],
@@ -584,10 +587,14 @@ def test_the_same_holder_renewing_a_row_renewed_while_it_waited_keeps_the_later_
         assert acquired <= renewed and (expires - renewed).total_seconds() == 60
 
 
-def test_an_unbound_acquire_by_the_holder_renews_a_bound_lease_and_keeps_it_bound(db, advisory_locks):
-    with db.connect() as a, db.connect() as rival:
+@pytest.mark.parametrize("renewer", ["the binding session", "another session"])
+def test_an_unbound_acquire_by_the_holder_renews_a_bound_lease_and_keeps_it_bound(
+    db, advisory_locks, renewer
+):
+    with db.connect() as a, db.connect() as rival, db.connect() as other:
         token = acquire_lease(a, "kept", "a", 60, bind_session=True)
-        assert acquire_lease(a, "kept", "a", 60) == token  # unbound call, same holder: a renewal
+        renewing = a if renewer == "the binding session" else other
+        assert acquire_lease(renewing, "kept", "a", 60) == token  # unbound call, same holder: a renewal
         row = db.conn.execute(
             "SELECT session_bound, holder_pid, session_key IS NOT NULL"
             " FROM pglockkit.leases WHERE name = 'kept'"
