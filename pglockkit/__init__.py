@@ -22,6 +22,7 @@ from pglockkit.errors import (
     UnknownJob,
     UnknownNamespace,
     UnknownObject,
+    UnknownRun,
 )
 from pglockkit.install import install, status, uninstall
 from pglockkit.keys import lock_key, namespace_id
@@ -62,6 +63,7 @@ __all__ = [
     "UnknownJob",
     "UnknownNamespace",
     "UnknownObject",
+    "UnknownRun",
     "Worker",
     "acquire_lease",
     "backoff",

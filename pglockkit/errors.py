@@ -47,6 +47,11 @@ class UnknownJob(UnknownObject):
     pruned. Its claim is gone; there is nothing left to complete, fail, extend or release."""
 
 
+class UnknownRun(UnknownObject):
+    """No singleton run has this id (42704, table pglockkit.runs): ``finish_run`` was given an id
+    that ``start_run`` never returned here."""
+
+
 class NamespaceConflict(PglockkitError):
     """The namespace name or id is already registered differently (23505)."""
 
@@ -146,6 +151,7 @@ _BY_SQLSTATE: dict[str, type[PglockkitError]] = {
 _UNKNOWN_BY_TABLE: dict[tuple[str, str], type[UnknownObject]] = {
     ("pglockkit", "namespaces"): UnknownNamespace,
     ("pglockkit", "jobs"): UnknownJob,
+    ("pglockkit", "runs"): UnknownRun,
 }
 
 

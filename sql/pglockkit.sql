@@ -1381,7 +1381,8 @@ BEGIN
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
         IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
-            RAISE EXCEPTION 'no run with id %', run_id USING ERRCODE = 'undefined_object';
+            RAISE EXCEPTION 'no run with id %', run_id
+                USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'runs';
         END IF;
         RETURN false;  -- already finished
     END IF;
@@ -1392,7 +1393,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id.';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id (its TABLE field says runs).';
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,
@@ -3922,6 +3923,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run');
 
 COMMIT;

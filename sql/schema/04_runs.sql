@@ -101,7 +101,8 @@ BEGIN
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
         IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
-            RAISE EXCEPTION 'no run with id %', run_id USING ERRCODE = 'undefined_object';
+            RAISE EXCEPTION 'no run with id %', run_id
+                USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'runs';
         END IF;
         RETURN false;  -- already finished
     END IF;
@@ -112,7 +113,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id.';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id (its TABLE field says runs).';
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,

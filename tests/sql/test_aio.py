@@ -364,6 +364,8 @@ def test_runs_start_finish_run_once_and_singleton(db):
             assert await aio.start_run(other, "tick", "s1", "other") is None  # running elsewhere
             assert await aio.finish_run(conn, run_id, True) is True
             assert await aio.finish_run(conn, run_id, True) is False
+            with pytest.raises(pglockkit.UnknownRun):
+                await aio.finish_run(conn, run_id + 1000, True)
         async with aio.run_once(db.dsn, "cron", "s1") as first:
             assert first is not None
             async with aio.run_once(db.dsn, "cron", "s1") as second:

@@ -64,8 +64,14 @@ def test_holder_that_dies_is_abandoned_and_rerun(db):
 
 
 def test_finish_unknown_run(db):
-    with pytest.raises(psycopg.errors.UndefinedObject, match="no run with id 999"):
+    with pytest.raises(psycopg.errors.UndefinedObject, match="no run with id 999") as err:
         db.conn.execute("SELECT pglockkit.finish_run(999, true)")
+    assert (err.value.diag.schema_name, err.value.diag.table_name) == ("pglockkit", "runs")
+    # Python tells it from an unknown namespace or job without reading the message.
+    with pytest.raises(pglockkit.UnknownRun, match="no run with id 999") as py_err:
+        finish_run(db.conn, 999, True)
+    assert isinstance(py_err.value, pglockkit.UnknownObject) and isinstance(py_err.value, LookupError)
+    assert not isinstance(py_err.value, (pglockkit.UnknownJob, pglockkit.UnknownNamespace))
 
 
 @pytest.mark.parametrize(
