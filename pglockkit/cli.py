@@ -775,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "top",
         cmd_top,
-        "live view of advisory locks, waits with their chains, queues and leases",
+        "live view of advisory locks, waits with their chains, queues, rate limits and live leases",
         parents=[conn_opts],
     )
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")

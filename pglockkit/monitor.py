@@ -411,7 +411,8 @@ def _cut(text: object, width: int) -> str:
 
 
 def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
-    """One frame of ``pglockkit top``: advisory locks, waits with their chains, queues, leases."""
+    """One frame of ``pglockkit top``: advisory locks, waits with their chains, queues, rate
+    limits, live leases."""
     width = width or min(shutil.get_terminal_size((80, 24)).columns, 160)
     now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
     out = [f"pglockkit top  {now:%Y-%m-%d %H:%M:%S}  {conn.info.dbname}", ""]
@@ -468,19 +469,43 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
             f"{q['expired_leases']:>8}{q['dead']:>6}{fmt.age(q['oldest_ready_age']):>8}{q['done_last_minute']:>9}"
             + ("  PAUSED" if q["paused"] else "")
         )
-    leases = _rows(
-        conn, "SELECT name, holder, token, live, expires_in FROM pglockkit.lease_status ORDER BY name"
+    limits = _rows(
+        conn,
+        "SELECT queue, key, rate, per, burst, tokens, waiting, "
+        "greatest(next_allowed_at - clock_timestamp(), interval '0') AS next_in "
+        "FROM pglockkit.rate_limits ORDER BY waiting DESC, queue, key",
     )
     out.extend(
         [
             "",
-            f"LEASES ({len(leases)})",
-            f"{'NAME':<24}{'HOLDER':<24}{'TOKEN':>8}  {'LIVE':<5}{'EXPIRES IN':>11}",
+            f"RATE LIMITS ({len(limits)})",
+            f"{'QUEUE':<16}{'KEY':<20}{'RATE':>12}{'BURST':>6}{'TOKENS':>7}{'WAITING':>8}{'NEXT IN':>9}",
+        ]
+    )
+    for r in limits:
+        rate = f"{r['rate']}/{fmt.duration(r['per'])}"
+        out.append(
+            f"{_cut(r['queue'], 15):<16}{_cut(r['key'], 19):<20}{_cut(rate, 11):>12}{r['burst']:>6}"
+            f"{r['tokens']:>7}{r['waiting']:>8}{fmt.age(r['next_in']) if r['next_in'] else 'now':>9}"
+        )
+    # Live leases only (soonest to expire first); a released or expired lease is anyone's, so it is
+    # counted, not listed (a service that once took many names would fill the screen).
+    leases = _rows(
+        conn,
+        "SELECT name, holder, token, expires_in FROM pglockkit.lease_status WHERE live "
+        "ORDER BY expires_in, name",
+    )
+    free = conn.execute("SELECT count(*) FROM pglockkit.lease_status WHERE NOT live").fetchone()[0]
+    out.extend(
+        [
+            "",
+            f"LEASES ({len(leases)} live, {free} free)",
+            f"{'NAME':<28}{'HOLDER':<24}{'TOKEN':>12}{'EXPIRES IN':>12}",
         ]
     )
     for lease in leases:
         out.append(
-            f"{_cut(lease['name'], 23):<24}{_cut(lease['holder'], 23):<24}{lease['token']:>8}  "
-            f"{'yes' if lease['live'] else 'no':<5}{fmt.age(lease['expires_in']):>11}"
+            f"{_cut(lease['name'], 27):<28}{_cut(lease['holder'], 23):<24}{lease['token']:>12}"
+            f"{fmt.age(lease['expires_in']):>12}"
         )
     return "\n".join(_cut(line, width) if len(line) > width else line for line in out)

@@ -206,6 +206,36 @@ def test_top_once_shows_holder_waiter_and_chain(db, ns):
         waiter.close()
 
 
+def test_top_shows_rate_limits_and_lists_only_live_leases(db):
+    """A throttled key shows with its due jobs and when it may next start one; leases that are
+    released or expired are counted, not listed (a service that took many names would fill the
+    screen with them), and the live one shows who holds it."""
+    conn = db.conn
+    conn.execute("SELECT pglockkit.set_rate_limit('emails', 'smtp', 2, '1 minute')")
+    conn.execute("SELECT pglockkit.set_rate_limit('emails', 'idle-key', 5, '1 second', 3)")
+    conn.execute("SELECT pglockkit.enqueue_job('emails', rate_key => 'smtp') FROM generate_series(1, 5)")
+    assert len(conn.execute("SELECT * FROM pglockkit.claim_job('emails', 'w', batch => 5)").fetchall()) == 1
+    conn.execute("SELECT pglockkit.acquire_lease('nightly-refresh', 'pod-7', '1 hour')")
+    for name in ("old-1", "old-2"):
+        token = conn.execute("SELECT pglockkit.acquire_lease(%s, 'pod-1', '1 hour')", (name,)).fetchone()[0]
+        assert conn.execute("SELECT pglockkit.release_lease(%s, 'pod-1', %s)", (name, token)).fetchone()[0]
+    conn.execute("SELECT pglockkit.acquire_lease('lapsed', 'pod-2', '1 millisecond')")
+    time.sleep(0.01)
+    out = cli("top", "--once", "--dsn", db.dsn)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "RATE LIMITS (2)" in lines
+    smtp = lines[lines.index("RATE LIMITS (2)") + 2].split()  # throttled keys first
+    assert smtp[:6] == ["emails", "smtp", "2/60s", "1", "0", "4"], smtp  # no token left, 4 jobs due
+    assert smtp[6].endswith("s") and 0 < float(smtp[6][:-1]) <= 30.0, smtp  # its next start
+    idle = lines[lines.index("RATE LIMITS (2)") + 3].split()
+    assert idle == ["emails", "idle-key", "5/1s", "3", "3", "0", "now"], idle
+    assert "LEASES (1 live, 3 free)" in lines
+    listed = lines[lines.index("LEASES (1 live, 3 free)") + 2 :]
+    assert len(listed) == 1 and listed[0].split()[:3] == ["nightly-refresh", "pod-7", "1"], listed
+    assert max(len(line) for line in lines) <= 80
+
+
 def test_xmin_horizon_names_the_session_that_pins_vacuum(db):
     with db.connect() as pinning:
         pinning.execute("SET application_name = 'forgotten transaction'")
