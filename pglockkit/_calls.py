@@ -581,7 +581,8 @@ RENEWAL_REFUSED = "renewal refused: the lease expired or changed hands"
 
 @dataclass(frozen=True)
 class Job:
-    """A claimed job. ``token`` is the fencing token of this claim."""
+    """A claimed job. ``token`` is the fencing token of this claim; ``concurrency_key`` the job's
+    key (None if it has none)."""
 
     id: int
     queue: str
@@ -590,6 +591,7 @@ class Job:
     max_attempts: int
     token: int
     lease_expires_at: datetime
+    concurrency_key: str | None = None
 
 
 Job.__module__ = "pglockkit.queue"  # its public home
@@ -642,7 +644,7 @@ def enqueue_many(
 
 def claim(queue: str, worker: str, lease: float | timedelta, batch: int) -> Call[list[Job]]:
     return Call(
-        "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at "
+        "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at, concurrency_key "
         "FROM pglockkit.claim_job(%s, %s, %s, %s)",
         (queue, worker, seconds(lease), batch),
         decode=lambda rows: [Job(*row) for row in rows],

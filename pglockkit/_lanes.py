@@ -15,12 +15,13 @@ Group commit, exactly once (``handler(job, conn)``)
     dropped. Each job gets a savepoint, made just before the handler's first statement (a handler
     that does not use its connection costs no round trip); a handler that raises rolls back to
     it, so its writes are undone and the group's other jobs are not. At the end, one round trip:
-    ``complete_jobs`` for the group, ``fail_job`` for each failure, the next claim when the hand
-    is empty, and ``COMMIT``. No claim runs while handlers do: a claim locks its keys' running
-    counts until its transaction ends, and other claimers of those keys would wait. A
-    crash or a lost connection before the commit loses the group's writes and completions
-    together: its jobs run again after their lease. A group is the jobs in hand, ended early
-    after ``group`` jobs or, at the next job boundary, ``group_time`` seconds after it began.
+    ``complete_jobs`` for the group, ``fail_job`` for each failure (in key order: see
+    ``outcome_calls``), the next claim when the hand is empty, and ``COMMIT``. No claim runs
+    while handlers do: a claim locks its keys' running counts until its transaction ends, and
+    other claimers of those keys would wait. A crash or a lost connection before the commit loses
+    the group's writes and completions together: its jobs run again after their lease. A group
+    is the jobs in hand, ended early after ``group`` jobs or, at the next job boundary,
+    ``group_time`` seconds after it began.
 
     A slow job (slower than ``group_time`` on this lane), or the only one in hand, runs alone in
     a transaction that begins with its handler's first statement; its row is not locked, so the
@@ -360,6 +361,51 @@ class Outcome:
     used_savepoint: bool = False  # the job's savepoint was made: a failure must roll back to it
 
 
+def key_order(job: Job) -> tuple[int, str, str]:
+    """The order in which the queue functions lock key rows (``_keys_left``: queue, then
+    concurrency key, bytewise, which is code-point order for UTF-8): jobs without a key, which
+    lock none, first."""
+    if job.concurrency_key is None:
+        return (0, "", "")
+    return (1, job.queue, job.concurrency_key)
+
+
+def outcome_calls(
+    done: Sequence[Job], failed: Sequence[tuple[Job, str]]
+) -> tuple[list[Call[Any]], list[int]]:
+    """The ``complete_jobs`` and ``fail_job`` calls that record a group's outcomes in one
+    transaction, and the positions of the ``complete_jobs`` ones. Each call locks the key rows of
+    its jobs until the transaction ends, so the calls go in key order: a ``complete_jobs`` for
+    each run of completions between failures, and keyless jobs (no key rows) with the first.
+    Two groups that recorded a failure of one key after completing a job of another, in
+    opposite pairings, each held a key row the other waited for: a deadlock, which rolled one
+    group back."""
+    keyed = sorted(
+        [(key_order(job), 0, i, job, "") for i, job in enumerate(done) if job.concurrency_key is not None]
+        + [(key_order(j), 1, i, j, f) for i, (j, f) in enumerate(failed) if j.concurrency_key is not None],
+        key=lambda item: item[:3],  # key, completions before failures, then as they came
+    )
+    calls: list[Call[Any]] = []
+    completions: list[int] = []
+    run = [job for job in done if job.concurrency_key is None]
+
+    def flush() -> None:
+        if run:
+            completions.append(len(calls))
+            calls.append(_calls.complete_many(list(run)))
+            run.clear()
+
+    for _, is_failure, _, job, failure in keyed:
+        if is_failure:
+            flush()
+            calls.append(_calls.fail(job, failure, None))
+        else:
+            run.append(job)
+    flush()
+    calls += [_calls.fail(job, failure, None) for job, failure in failed if job.concurrency_key is None]
+    return calls, completions
+
+
 class Lane:
     """One lane's jobs in hand and its group commit; ``drain`` is driven by a worker."""
 
@@ -433,8 +479,8 @@ class Lane:
 
     def _give_back(self) -> Generator[Pipeline, Any, None]:
         jobs = list(self.hand)
-        if jobs:
-            _, error = yield Pipeline([_calls.release(job) for job in jobs])
+        if jobs:  # one transaction (a pipeline's implicit one): its key rows in key order
+            _, error = yield Pipeline([_calls.release(job) for job in sorted(jobs, key=key_order)])
             if error is not None:
                 log.warning("could not give back %d unstarted job(s): %s", len(jobs), error)
             else:
@@ -594,9 +640,9 @@ class Lane:
         one commit. The claim's per-key counts are locked only until this commit; a claim that
         fails (a deadlock, say) is undone alone, under a savepoint of its own."""
         calls: list[Call[Any]] = [_calls.statement("BEGIN")] if begin else []
-        if done:
-            calls.append(_calls.complete_many(done))
-        calls += [_calls.fail(job, failure, None) for job, failure in failed]
+        outcomes, completions = outcome_calls(done, failed)
+        completions = [len(calls) + i for i in completions]
+        calls += outcomes
         n_outcomes = len(calls)
         n = 0 if self.hand else self._claim_size()
         if n:
@@ -623,7 +669,7 @@ class Lane:
         elif n:
             claimed = results[n_outcomes + 1]
         self.running = []
-        current = results[1 if begin else 0] if done else 0
+        current = sum(results[i] for i in completions)
         if current != len(done):  # at least once: a job reclaimed meanwhile (exactly once: cannot be)
             log.warning(
                 "%d of %d completions found their claim stale (reclaimed or cancelled)",

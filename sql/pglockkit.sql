@@ -1546,10 +1546,11 @@ CREATE TYPE pglockkit.claimed_job AS (
     attempt          integer,
     max_attempts     integer,
     token            bigint,
-    lease_expires_at timestamptz
+    lease_expires_at timestamptz,
+    concurrency_key  text
 );
 COMMENT ON TYPE pglockkit.claimed_job IS
-    'A job handed out by claim_job: pass id and token to complete_job / fail_job / extend_job / release_job.';
+    'A job handed out by claim_job: pass id and token to complete_job / fail_job / extend_job / release_job. concurrency_key is the job''s (NULL if none): a transaction that records outcomes of keyed jobs in several statements orders them by (queue, concurrency_key) COLLATE "C", the order the queue functions lock key rows in.';
 
 -- Constants of the queue live here, once. (Note: every OPERATOR(pg_catalog.x) has the same
 -- precedence, so mixed arithmetic below is fully parenthesised.)
@@ -1627,7 +1628,9 @@ AS $$
     -- Jobs (one array entry each; NULL keys ignored) of these queues and concurrency keys
     -- stopped running. One UPDATE, each key's row once, the rows locked in (queue, key) order
     -- first: two transactions lowering the counts of the same keys wait for each other in one
-    -- order, never in a cycle. (Claims do not wait for key rows at all.)
+    -- order, never in a cycle. (Claims do not wait for key rows at all.) The order is bytewise
+    -- (COLLATE "C"), whatever the database's collation, so that a client can sort keys the same
+    -- way (code points) and record outcomes over several statements in it: the worker does.
     WITH left_keys AS (
         SELECT x.queue, x.key, pg_catalog.count(*)::int AS n
           FROM ROWS FROM (pg_catalog.unnest(queues), pg_catalog.unnest(keys)) AS x(queue, key)
@@ -1636,7 +1639,7 @@ AS $$
         SELECT k.queue, k.key, g.n
           FROM pglockkit.job_keys k
           JOIN left_keys g ON k.queue = g.queue AND k.key = g.key
-         ORDER BY k.queue, k.key
+         ORDER BY k.queue COLLATE "C", k.key COLLATE "C"
            FOR NO KEY UPDATE OF k
     )
     UPDATE pglockkit.job_keys k
@@ -1645,7 +1648,7 @@ AS $$
      WHERE k.queue = l.queue AND k.key = l.key
 $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
-    'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order.';
+    'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order, bytewise (COLLATE "C").';
 
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
@@ -1920,7 +1923,7 @@ BEGIN
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
-        RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
+        RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key;
     ELSIF claim_job.batch = 1 THEN
         -- Before 18, first the queue's highest priority alone (one probe finds it): the common
         -- case, a queue whose top priority has a due job, costs two index probes and no walk.
@@ -1946,7 +1949,7 @@ BEGIN
            AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                             WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
            AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
-        RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
+        RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key;
         IF NOT FOUND THEN
             -- The top priority has no due job free (or its first is keyed): walk the priorities.
             -- (Batches walk on every version: the walk's cost is shared by the batch.)
@@ -1987,7 +1990,7 @@ BEGIN
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
-            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at;
+            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key;
         END IF;
     ELSE
         -- A batch: the first due jobs in claim order, if the queue has no concurrency keys (no key
@@ -2029,9 +2032,9 @@ BEGIN
                AND NOT EXISTS (SELECT FROM pglockkit.jobs e
                                 WHERE e.queue = claim_job.queue AND e.lease_expires_at <= v_now)
                AND NOT EXISTS (SELECT FROM pglockkit.paused_queues pq WHERE pq.queue = claim_job.queue)
-            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
+            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
-        SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
+        SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
           FROM claimed c
          ORDER BY c.priority DESC, c.run_at, c.id;
     END IF;
@@ -2110,9 +2113,9 @@ BEGIN
                    token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
                    started_at = v_now
              WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
-            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
+            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
-        SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
+        SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
           FROM claimed c
          ORDER BY c.priority DESC, c.run_at, c.id;
         RETURN;
@@ -2346,13 +2349,13 @@ BEGIN
              -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
              -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.
              WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
-            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.priority, j.run_at
+            RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
-        (SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at
+        (SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
            FROM claimed c
           ORDER BY c.priority DESC, c.run_at, c.id)
         UNION ALL
-        SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz
+        SELECT NULL::bigint, NULL::text, NULL::jsonb, NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz, NULL::text
          WHERE EXISTS (SELECT FROM ready r
                         WHERE r.concurrency_key IS NOT NULL
                           AND r.concurrency_key NOT IN (SELECT l.key FROM locked l)
@@ -3923,6 +3926,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key');
 
 COMMIT;

@@ -514,3 +514,78 @@ def test_claims_that_keep_conflicting_pause_the_lane_without_a_lane_error(tables
     messages = _drain_under_repeatable_read(tables, caplog, 1000, batch=1, group=1)
     assert any("1 claims in a row conflicted (could not serialize" in m for m in messages)  # the path ran
     assert not [m for m in messages if "lane error" in m]
+
+
+def _deadlocks(conn) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()[0]
+
+
+def test_groups_recording_completions_and_failures_of_shared_keys_do_not_deadlock(tables, caplog):
+    """Two workers each end a group that completes a job of one concurrency key and fails a job
+    of the other, in opposite pairings. Recorded as complete_jobs then fail_job, each group held
+    one key row and waited for the other's: a deadlock (40P01), which rolled one group back (its
+    jobs to run again after their lease). The worker records a group's outcomes in key order, so
+    both wait in one order. A session holding both key rows makes the groups get there together."""
+    conn = tables.conn
+    conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET deadlock_timeout = '50ms'")
+    caplog.set_level("INFO", "pglockkit.queue")
+
+    def enqueue(jobs):
+        # A keyless first job times the lane's handler, after which it claims two at a time.
+        conn.execute("SELECT pglockkit.enqueue_job('w', '{\"fail\": false}', priority => 100)")
+        for priority, key, fails in jobs:
+            conn.execute(
+                "SELECT pglockkit.enqueue_job('w', jsonb_build_object('fail', %s, 'key_job', true),"
+                " priority => %s, max_attempts => 1, concurrency_key => %s, concurrency_limit => 10)",
+                (fails, priority, key),
+            )
+
+    def handler(job):
+        if job.payload.get("key_job"):
+            time.sleep(1)  # meanwhile the other worker claims, and the blocker takes the key rows
+        if job.payload["fail"]:
+            raise RuntimeError("fails on purpose")
+
+    def wait_for(query, count):
+        deadline = time.monotonic() + 10
+        while conn.execute(query).fetchone()[0] < count:
+            assert time.monotonic() < deadline, query
+            time.sleep(0.005)
+
+    before = _deadlocks(conn)
+    threads = []
+    # A: completes k1's job, fails k2's; B: completes k2's job, fails k1's.
+    for jobs, running in ([(9, "k1", False), (8, "k2", True)], 2), ([(9, "k2", False), (8, "k1", True)], 4):
+        enqueue(jobs)
+        worker = pglockkit.Worker(
+            tables.dsn, "w", handler, concurrency=1, batch=2, group=2, group_time=10, lease=600
+        )
+        threads.append(threading.Thread(target=worker.run, kwargs={"exit_when_idle": True}))
+        threads[-1].start()
+        wait_for(
+            "SELECT count(*) FROM pglockkit.jobs WHERE status = 'running' AND concurrency_key IS NOT NULL",
+            running,
+        )
+    with tables.connect() as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute("SELECT * FROM pglockkit.job_keys WHERE queue = 'w' FOR UPDATE")
+        # Both groups end, their first outcome waiting for a key row the blocker holds.
+        wait_for(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            2,
+        )
+        blocker.execute("COMMIT")
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    messages = [r.getMessage() for r in caplog.records if r.name == "pglockkit.queue"]
+    assert not [m for m in messages if "deadlock" in m], messages
+    assert _deadlocks(conn) == before
+    assert conn.execute(
+        "SELECT concurrency_key, status, attempt FROM pglockkit.jobs"
+        " WHERE concurrency_key IS NOT NULL ORDER BY id"
+    ).fetchall() == [("k1", "done", 1), ("k2", "dead", 1), ("k2", "done", 1), ("k1", "dead", 1)]

@@ -1,0 +1,54 @@
+"""The order in which a worker's group records its outcomes: the order in which the queue
+functions lock key rows (queue, then key, bytewise), so that two groups never wait for each other
+in a cycle (tests/sql/test_worker.py has the deadlock this prevents, on a real server)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pglockkit._calls import Job
+from pglockkit._lanes import key_order, outcome_calls
+
+
+def _job(id_: int, key: str | None, queue: str = "q") -> Job:
+    return Job(id_, queue, {}, 1, 5, 100 + id_, datetime.now(UTC), key)
+
+
+def _described(calls):
+    out = []
+    for call in calls:
+        if "complete_jobs" in call.query:
+            out.append(("complete", tuple(call.params[0])))
+        else:
+            assert "fail_job" in call.query
+            out.append(("fail", call.params[0]))
+    return out
+
+
+def test_outcomes_go_in_key_order_with_completions_run_together():
+    done = [_job(1, "c"), _job(2, None), _job(3, "a"), _job(4, "c")]
+    failed = [(_job(5, "b"), "boom"), (_job(6, None), "boom"), (_job(7, "a"), "boom")]
+    calls, completions = outcome_calls(done, failed)
+    assert _described(calls) == [
+        ("complete", (2, 3)),  # the keyless completion rides with the first run
+        ("fail", 7),  # key a, after its completion
+        ("fail", 5),  # key b
+        ("complete", (1, 4)),  # key c
+        ("fail", 6),  # keyless: locks no key row
+    ]
+    assert completions == [0, 3]
+
+
+def test_keys_order_bytewise_as_the_server_locks_them():
+    # Code points, as COLLATE "C" orders UTF-8: upper case before lower, 'é' after 'z'.
+    jobs = [_job(1, "é"), _job(2, "a"), _job(3, "Z"), _job(4, "b", queue="p"), _job(5, None, queue="z")]
+    assert [j.id for j in sorted(jobs, key=key_order)] == [5, 4, 3, 2, 1]
+    calls, _ = outcome_calls([], [(j, "x") for j in jobs])
+    assert [c.params[0] for c in calls] == [4, 3, 2, 1, 5]
+
+
+def test_a_group_without_failures_is_one_statement():
+    done = [_job(1, "b"), _job(2, None), _job(3, "a")]
+    calls, completions = outcome_calls(done, [])
+    assert _described(calls) == [("complete", (2, 3, 1))] and completions == [0]
+    assert outcome_calls([], []) == ([], [])
