@@ -1,5 +1,5 @@
 -- pglockkit 0010: claim_job hands out each job's concurrency key, and key rows are locked in
--- bytewise order (issue 16's leftovers: the worker's group deadlock). claimed_job gains
+-- bytewise order, so that a worker's groups no longer deadlock each other. claimed_job gains
 -- concurrency_key (at the end: code that reads the other columns by name or position is
 -- unaffected). _keys_left locks (queue, key) rows ORDER BY ... COLLATE "C", so that a client can
 -- sort keys the same way (code points) and record a transaction's outcomes over several
