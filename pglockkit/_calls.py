@@ -409,10 +409,13 @@ def xact_lock_all(
         XACT_LOCK_ALL_INTS if ints else XACT_LOCK_ALL_TEXTS,
         (ns, resources, interval(timeout)),
         decode=decode,
-        done=lambda keys, elapsed: lock_event(
-            "acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=_ms(elapsed)
-        ),
+        done=lambda keys, elapsed: all_acquired(ns, keys, _ms(elapsed)),
     )
+
+
+def all_acquired(ns: str, keys: list[int], wait_ms: float) -> None:
+    """The log event of an ``xact_lock_all`` that got its locks (fast path or SQL function)."""
+    lock_event("acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=wait_ms)
 
 
 XACT_LOCK_ALL_TEXTS = f"SELECT pglockkit.xact_lock_all(%s, %s::text[], %s), {DATABASE_IDENTITY}"

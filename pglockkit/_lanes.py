@@ -380,10 +380,10 @@ def outcome_calls(
     Two groups that recorded a failure of one key after completing a job of another, in
     opposite pairings, each held a key row the other waited for: a deadlock, which rolled one
     group back."""
-    keyed = sorted(
-        [(key_order(job), 0, i, job, "") for i, job in enumerate(done) if job.concurrency_key is not None]
-        + [(key_order(j), 1, i, j, f) for i, (j, f) in enumerate(failed) if j.concurrency_key is not None],
-        key=lambda item: item[:3],  # key, completions before failures, then as they came
+    keyed = sorted(  # stable: by key, completions before failures, then as they came
+        [(key_order(job), False, job, "") for job in done if job.concurrency_key is not None]
+        + [(key_order(job), True, job, f) for job, f in failed if job.concurrency_key is not None],
+        key=lambda item: item[:2],
     )
     calls: list[Call[Any]] = []
     completions: list[int] = []
@@ -395,7 +395,7 @@ def outcome_calls(
             calls.append(_calls.complete_many(list(run)))
             run.clear()
 
-    for _, is_failure, _, job, failure in keyed:
+    for _, is_failure, job, failure in keyed:
         if is_failure:
             flush()
             calls.append(_calls.fail(job, failure, None))

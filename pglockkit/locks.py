@@ -90,7 +90,7 @@ def xact_lock_all(
     resources = list(resources)  # any iterable, read once
     keys = _calls.local_keys(conn, ns, resources, timeout)
     if keys is not None and _calls.try_keys(conn, keys):
-        _calls.lock_event("acquired", ns, f"{len(keys)} resources", None, scope="xact", wait_ms=0.0)
+        _calls.all_acquired(ns, keys, 0.0)
         return keys
     return _calls.run(conn, _calls.xact_lock_all(conn, ns, resources, timeout))
 
