@@ -370,6 +370,13 @@ def key_order(job: Job) -> tuple[int, str, str]:
     return (1, job.queue, job.concurrency_key)
 
 
+def give_back_calls(jobs: Sequence[Job]) -> list[Call[Any]]:
+    """The ``release_job`` calls that hand unstarted jobs back at shutdown, in one transaction:
+    each locks its job's key row until the transaction ends, so they go in key order, like a
+    group's outcomes (``outcome_calls``)."""
+    return [_calls.release(job) for job in sorted(jobs, key=key_order)]
+
+
 def outcome_calls(
     done: Sequence[Job], failed: Sequence[tuple[Job, str]]
 ) -> tuple[list[Call[Any]], list[int]]:
@@ -480,7 +487,7 @@ class Lane:
     def _give_back(self) -> Generator[Pipeline, Any, None]:
         jobs = list(self.hand)
         if jobs:  # one transaction (a pipeline's implicit one): its key rows in key order
-            _, error = yield Pipeline([_calls.release(job) for job in sorted(jobs, key=key_order)])
+            _, error = yield Pipeline(give_back_calls(jobs))
             if error is not None:
                 log.warning("could not give back %d unstarted job(s): %s", len(jobs), error)
             else:

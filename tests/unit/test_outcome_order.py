@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pglockkit._calls import Job
-from pglockkit._lanes import key_order, outcome_calls
+from pglockkit._lanes import give_back_calls, key_order, outcome_calls
 
 
 def _job(id_: int, key: str | None, queue: str = "q") -> Job:
@@ -52,3 +52,13 @@ def test_a_group_without_failures_is_one_statement():
     calls, completions = outcome_calls(done, [])
     assert _described(calls) == [("complete", (2, 3, 1))] and completions == [0]
     assert outcome_calls([], []) == ([], [])
+
+
+def test_unstarted_jobs_go_back_in_key_order():
+    # release_job locks the job's key row until the give-back's one transaction ends, like an
+    # outcome: the same order keeps a stopping worker from deadlocking with a recording group.
+    jobs = [_job(1, "c"), _job(2, "a"), _job(3, None), _job(4, "b"), _job(5, "a", queue="p")]
+    calls = give_back_calls(jobs)
+    assert all("release_job" in c.query for c in calls)
+    assert [(c.params[0], c.params[1]) for c in calls] == [(3, 103), (5, 105), (2, 102), (4, 104), (1, 101)]
+    assert give_back_calls([]) == []
