@@ -1282,11 +1282,14 @@ BEGIN
         RAISE EXCEPTION 'rate must be positive, got %', set_rate_limit.rate USING ERRCODE = 'invalid_parameter_value',
             HINT = 'To stop a key''s jobs, pause the queue (pause_queue); to lift the limit, remove_rate_limit.';
     END IF;
-    IF NOT isfinite(set_rate_limit.per) OR set_rate_limit.per <= interval '0' THEN
+    -- Checked by its length in seconds, the measure the step is computed in: compared as an
+    -- interval, a month is 30 days and a year 360, so '-1 year +365 days 6 hours' is "positive"
+    -- and 0 s long (0011).
+    IF NOT isfinite(set_rate_limit.per) OR EXTRACT(epoch FROM set_rate_limit.per) <= 0 THEN
         RAISE EXCEPTION 'per must be a positive finite interval, got %', set_rate_limit.per
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF set_rate_limit.per > interval '366 days' THEN
+    IF EXTRACT(epoch FROM set_rate_limit.per) > 31622400 THEN  -- 366 days
         RAISE EXCEPTION 'per % is out of range', set_rate_limit.per USING ERRCODE = 'numeric_value_out_of_range',
             HINT = 'per is at most 366 days.';
     END IF;

@@ -408,6 +408,7 @@ DECLARE
     v_n     integer := 0;
     v_state text;
     v_msg   text;
+    v_next  timestamptz;
 BEGIN
     -- Due schedules whose rows nobody else holds: another ticker (or schedule/unschedule) has the
     -- others and advances them itself. Under READ COMMITTED a row committed meanwhile is
@@ -427,9 +428,16 @@ BEGIN
             -- zone left the tz database, ...): skip its due slots, say why, and go on.
             GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
             RAISE WARNING 'pglockkit: schedule % skipped its due slots: % (%)', s.name, v_msg, v_state;
+            -- Its next slot, in its own time zone: only the due slots are skipped (0011). Read in
+            -- UTC only if the zone itself is what raised.
+            BEGIN
+                v_next := pglockkit._cron_next(s.spec, s.timezone, as_of);
+            EXCEPTION WHEN OTHERS THEN
+                v_next := pglockkit._cron_next(s.spec, 'UTC', as_of);
+            END;
             UPDATE pglockkit.job_schedules j
                SET last_error = v_state || ': ' || v_msg,
-                   next_run = COALESCE(pglockkit._cron_next(s.spec, 'UTC', as_of), as_of + interval '1 hour')
+                   next_run = COALESCE(v_next, as_of + interval '1 hour')
              WHERE j.name = s.name;
         END;
     END LOOP;
@@ -472,10 +480,12 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_spec pglockkit.cron_spec;
-    v_now  timestamptz;
-    v_next timestamptz;
-    v_old  pglockkit.job_schedules;
+    v_spec  pglockkit.cron_spec;
+    v_now   timestamptz;
+    v_next  timestamptz;
+    v_old   pglockkit.job_schedules;
+    v_error text;
+    v_state text;
 BEGIN
     IF schedule.name IS NULL OR schedule.payload IS NULL OR schedule.timezone IS NULL
        OR schedule.priority IS NULL OR schedule.max_attempts IS NULL OR schedule.catch_up IS NULL THEN
@@ -519,15 +529,26 @@ BEGIN
         SELECT * INTO v_old FROM pglockkit.job_schedules j WHERE j.name = schedule.name FOR UPDATE;
         IF FOUND THEN
             -- Slots of the old definition that are due are enqueued by it first; the new one
-            -- starts after now: no slot twice, none lost.
+            -- starts after now: no slot twice, none lost. If the old definition cannot enqueue
+            -- them (its payload is over a limit lowered since, ...), they are skipped as a tick
+            -- skips them, with last_error saying why, and the replacement goes on: it may be
+            -- the fix (0011).
             IF v_old.next_run <= v_now THEN
-                PERFORM pglockkit._tick_one(v_old, v_now);
+                BEGIN
+                    PERFORM pglockkit._tick_one(v_old, v_now);
+                EXCEPTION WHEN transaction_rollback OR lock_not_available THEN
+                    RAISE;
+                WHEN OTHERS THEN
+                    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_error = MESSAGE_TEXT;
+                    RAISE WARNING 'pglockkit: schedule % skipped its due slots: % (%)', schedule.name, v_error, v_state;
+                    v_error := v_state || ': ' || v_error;
+                END;
             END IF;
             v_next := pglockkit._cron_next(v_spec, schedule.timezone, v_now);
             UPDATE pglockkit.job_schedules j
                SET cron = schedule.cron, spec = v_spec, timezone = schedule.timezone, queue = schedule.queue,
                    payload = schedule.payload, priority = schedule.priority, max_attempts = schedule.max_attempts,
-                   catch_up = schedule.catch_up, next_run = v_next, last_error = NULL,
+                   catch_up = schedule.catch_up, next_run = v_next, last_error = v_error,
                    updated_at = pg_catalog.clock_timestamp()
              WHERE j.name = schedule.name;
             RETURN v_next;
@@ -545,7 +566,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.schedule(text, text, text, jsonb, text, integer, integer, integer) IS
-    'Creates or replaces the schedule `name`: at every slot of `cron` (5 fields, local time in `timezone`, see cron_next) a job is enqueued into `queue` with `payload` (a JSON object) plus "_schedule" (the name) and "_slot" (the slot in UTC, e.g. "2025-03-30T01:00:00Z"), run_at the slot, and the given priority and max_attempts. Returns the next run. After downtime a tick enqueues the newest catch_up missed slots (default 1: the latest only; up to 1000). Replacing a schedule first enqueues the old definition''s due slots; the new one starts after now. pglockkit_admin only. 22004 for NULLs; 22023 for a bad cron (naming the field), time zone, name or payload; 22003 for max_attempts or catch_up out of range; 54000 for a payload over max_payload_bytes.';
+    'Creates or replaces the schedule `name`: at every slot of `cron` (5 fields, local time in `timezone`, see cron_next) a job is enqueued into `queue` with `payload` (a JSON object) plus "_schedule" (the name) and "_slot" (the slot in UTC, e.g. "2025-03-30T01:00:00Z"), run_at the slot, and the given priority and max_attempts. Returns the next run. After downtime a tick enqueues the newest catch_up missed slots (default 1: the latest only; up to 1000). Replacing a schedule first enqueues the old definition''s due slots (or, if it cannot, skips them with a WARNING and last_error, as a tick does); the new one starts after now. pglockkit_admin only. 22004 for NULLs; 22023 for a bad cron (naming the field), time zone, name or payload; 22003 for max_attempts or catch_up out of range; 54000 for a payload over max_payload_bytes.';
 
 CREATE FUNCTION pglockkit.unschedule(name text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -4,6 +4,9 @@ another worker's job or lease, and cannot change the registry or delete history;
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import psycopg
 import pytest
 from psycopg import errors
@@ -95,6 +98,18 @@ def test_only_the_admin_role_changes_the_registry_or_deletes_history(db, as_role
     with pytest.raises(errors.InsufficientPrivilege):
         as_role("worker_a").execute(f"SELECT {call}")
     as_role("ops").execute(f"SELECT {call}")  # granted
+
+
+def test_docs_name_every_admin_only_function(db):
+    # docs/install.md says which functions pglockkit_admin "alone may" call: every one of them.
+    text = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    admin = re.search(r"- `pglockkit_admin`.*?(?=\n- |\n\n)", text, re.S).group(0)
+    named = set(re.findall(r"`([a-z_]+)`", admin))
+    only = db.conn.execute(
+        "SELECT array_agg(DISTINCT p.proname::text) FROM pg_proc p"
+        " WHERE p.pronamespace = 'pglockkit'::regnamespace AND pglockkit._admin_only(p.proname)"
+    ).fetchone()[0]
+    assert len(only) >= 13 and sorted(set(only) - named) == []
 
 
 def test_the_admin_role_can_do_what_workers_do(db, as_role):

@@ -184,6 +184,11 @@ BAD_RATE_CALLS = [
     ("set_rate_limit('q', 'k', 10, NULL, 1)", "22004"),
     ("set_rate_limit('q', 'k', 10, '1 s', NULL)", "22004"),
     ("set_rate_limit('q', 'k', 10, '367 days', 1)", "22003"),
+    # Positive compared as intervals (a year is 360 days there) but not in seconds (365.25):
+    # 0 s long, which divided by zero in every claim of the queue, and -4.25 days, no limit.
+    ("set_rate_limit('q', 'k', 1, '-1 year +365 days 6 hours', 1)", "22023"),
+    ("set_rate_limit('q', 'k', 1, '-1 year +361 days', 1)", "22023"),
+    ("set_rate_limit('q', 'k', 1, '1 year 1 day', 1)", "22003"),  # 366.25 days in seconds
     ("set_rate_limit('q', 'k', 10, '1 s', 1000001)", "22003"),
     ("set_rate_limit('q', 'k', 1, '366 days', 100)", "22003"),
     ("set_rate_limit('q', repeat('k', 1025), 10, '1 s', 1)", "23514"),

@@ -192,6 +192,47 @@ def test_a_schedule_that_cannot_enqueue_skips_its_slot_and_says_why(db):
     assert error.startswith("54000: job payload is") and next_run > now
 
 
+def test_a_failed_tick_skips_only_the_due_slots_in_the_schedules_zone(db):
+    # Hourly business hours in Tokyo: 09:00-17:00 JST is 00:00-08:00 UTC. The 09:00 slot cannot
+    # be enqueued; the next run is 10:00 JST, not the cron read in UTC (09:00 UTC, 18:00 JST),
+    # which lost eight slots that were not due yet.
+    c = db.conn
+    c.execute(
+        "SELECT pglockkit.schedule('biz', '0 9-17 * * *', 'q', %s, 'Asia/Tokyo')", (Jsonb({"x": "y" * 6000}),)
+    )
+    c.execute("SELECT pglockkit.set_max_payload_bytes(4096)")
+    c.execute("UPDATE pglockkit.job_schedules SET next_run = '2024-01-10 00:00Z'")  # 09:00 JST
+    assert c.execute("SELECT pglockkit.tick_schedules('2024-01-10 00:00:05Z')").fetchone()[0] == 0
+    next_run, error = c.execute("SELECT next_run, last_error FROM pglockkit.schedules").fetchone()
+    assert error.startswith("54000") and next_run == datetime(2024, 1, 10, 1, 0, tzinfo=UTC)
+    c.execute("SELECT pglockkit.set_max_payload_bytes(1048576)")  # fixed at once
+    for hour in range(1, 10):  # a tick an hour, 10:00 .. 18:00 JST
+        c.execute("SELECT pglockkit.tick_schedules(%s)", (datetime(2024, 1, 10, hour, 0, 5, tzinfo=UTC),))
+    slots = [s for (s,) in c.execute("SELECT payload->>'_slot' FROM pglockkit.jobs ORDER BY id")]
+    assert slots == [f"2024-01-10T{h:02d}:00:00Z" for h in range(1, 9)]  # 10:00 .. 17:00 JST
+
+
+def test_a_replacement_goes_on_when_the_old_definition_cannot_enqueue(db):
+    # The admin lowered max_payload_bytes and shrinks the schedule's payload to fit, while a slot
+    # of the old definition is due: the replacement is the fix, so it must not fail on the old
+    # payload. The due slot is skipped as a tick would skip it, and last_error says why.
+    c = db.conn
+    c.execute("SELECT pglockkit.schedule('big', '* * * * *', 'q', %s)", (Jsonb({"x": "y" * 6000}),))
+    c.execute("SELECT pglockkit.set_max_payload_bytes(4096)")
+    now = c.execute("SELECT now()").fetchone()[0]
+    _backdate(db, "big", now.replace(second=0, microsecond=0) - timedelta(minutes=5))
+    c.execute("SELECT pglockkit.schedule('big', '* * * * *', 'q', '{\"small\": 1}')")
+    payload, error, next_run = c.execute(
+        "SELECT payload, last_error, next_run FROM pglockkit.schedules WHERE name = 'big'"
+    ).fetchone()
+    assert payload == {"small": 1} and error.startswith("54000: job payload is") and next_run > now
+    assert c.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0] == 0
+    # The new definition enqueues its next slot.
+    _backdate(db, "big", now.replace(second=0, microsecond=0))
+    assert c.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 1
+    assert c.execute("SELECT last_error FROM pglockkit.schedules").fetchone()[0] is None
+
+
 @pytest.mark.parametrize(
     ("call", "state", "message"),
     [
