@@ -901,7 +901,10 @@ BEGIN
         RAISE EXCEPTION 'lease holder must not be empty' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
     END IF;
-    IF ttl OPERATOR(pg_catalog.<=) interval '0' THEN
+    -- Positive as an interval (a month is 30 days there) and in effect: now + ttl is later than
+    -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards).
+    IF ttl OPERATOR(pg_catalog.<=) interval '0'
+       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
         RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
@@ -954,9 +957,13 @@ DECLARE
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
-       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year' THEN
+       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year'
+       OR v_now + acquire_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(acquire_lease.name, acquire_lease.holder, acquire_lease.ttl);
-        RAISE EXCEPTION 'bind_session must not be null' USING ERRCODE = 'null_value_not_allowed';
+        IF bind_session IS NULL THEN
+            RAISE EXCEPTION 'bind_session must not be null' USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        RAISE EXCEPTION 'lease ttl must be positive, got %', acquire_lease.ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     IF NOT bind_session THEN
@@ -999,6 +1006,7 @@ BEGIN
         v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks
                                    -- shows it like a session lock, so _advisory_held cannot tell them apart)
         v_tries integer := 0;
+        v_since timestamptz;       -- acquired_at of a live lease its holder binds (0012)
     BEGIN
         IF bind_session THEN
             v_bind := v_key;
@@ -1026,34 +1034,46 @@ BEGIN
         v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
         IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
             IF v_row.holder = acquire_lease.holder THEN
-                -- The live holder acquiring again: a renewal, same token.
-                UPDATE pglockkit.leases l
-                   SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
-                 WHERE l.name = acquire_lease.name;
-                RETURN v_row.token;
+                IF NOT bind_session OR (v_row.session_bound AND v_row.session_key = v_key) THEN
+                    -- The live holder acquiring again: a renewal, same token (a bound lease stays
+                    -- bound to its backend).
+                    UPDATE pglockkit.leases l
+                       SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
+                     WHERE l.name = acquire_lease.name;
+                    RETURN v_row.token;
+                END IF;
+                -- The live holder binding its lease to this backend (it held the lease unbound, or
+                -- bound to a backend of its that ended: a pod back on a new connection): a renewal,
+                -- same token, bound below like a lease taken (0012).
+                v_token := v_row.token;
+                v_since := v_row.acquired_at;
+            ELSE
+                -- Held by another. A session-bound lease is free early only if its holder's backend
+                -- is gone: nobody holds its key (this session holding it is the holder, alive).
+                IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
+                    RETURN NULL;
+                END IF;
+                IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
+                    RETURN NULL;
+                END IF;
+                IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
+                    RETURN NULL;
+                END IF;
+                v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused
+                                                      -- or its session locks dropped by hand)
             END IF;
-            -- Held by another. A session-bound lease is free early only if its holder's backend is
-            -- gone: nobody holds its key (this session holding it is the holder, alive).
-            IF NOT v_row.session_bound OR v_row.session_key IS NULL THEN
-                RETURN NULL;
-            END IF;
-            IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
-                RETURN NULL;
-            END IF;
-            IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
-                RETURN NULL;
-            END IF;
-            v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused or
-                                                  -- its session locks dropped by hand)
         END IF;
 
         -- Free: released, expired, or its session-bound holder's backend is gone. Whoever held it
         -- may still hold its own key: that blocks nobody, since this acquirer binds to a key of its
         -- own. The token is drawn while this transaction holds the row, so it is larger than every
         -- token of this name handed out before, even one whose row was pruned since.
-        v_token := pg_catalog.nextval('pglockkit.lease_tokens');
+        IF v_token IS NULL THEN
+            v_token := pg_catalog.nextval('pglockkit.lease_tokens');
+            v_since := v_now;
+        END IF;
         UPDATE pglockkit.leases l
-           SET holder = acquire_lease.holder, token = v_token, acquired_at = v_now, renewed_at = v_now,
+           SET holder = acquire_lease.holder, token = v_token, acquired_at = v_since, renewed_at = v_now,
                expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
                session_bound = bind_session, holder_pid = v_pid,
                session_key = v_bind
@@ -1080,7 +1100,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.acquire_lease(text, text, interval, boolean) IS
-    'Acquires the lease on name for ttl (server clock) and returns its fencing token, strictly increasing per name across every acquisition (drawn from the sequence lease_tokens); NULL while another holder''s lease is live. The live holder acquiring again renews it and gets the same token. An expired or released lease is anyone''s, bound or not. bind_session => true also ties the lease to this backend: when the backend ends, the lease is free at once instead of after the ttl (needs a direct, unpooled connection).';
+    'Acquires the lease on name for ttl (server clock) and returns its fencing token, strictly increasing per name across every acquisition (drawn from the sequence lease_tokens); NULL while another holder''s lease is live. The live holder acquiring again renews it and gets the same token (with bind_session => true, binding it to this backend). An expired or released lease is anyone''s, bound or not. bind_session => true also ties the lease to this backend: when the backend ends, the lease is free at once instead of after the ttl (needs a direct, unpooled connection).';
 
 CREATE FUNCTION pglockkit.renew_lease(name text, holder text, token bigint, ttl interval) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1091,8 +1111,10 @@ DECLARE
 BEGIN
     IF renew_lease.name IS NULL OR renew_lease.holder IS NULL OR renew_lease.ttl IS NULL
        OR renew_lease.name = '' OR renew_lease.holder = ''
-       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year' THEN
+       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year'
+       OR v_now + renew_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(renew_lease.name, renew_lease.holder, renew_lease.ttl);
+        RAISE EXCEPTION 'lease ttl must be positive, got %', renew_lease.ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF renew_lease.token IS NULL THEN
         RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -1133,6 +1155,7 @@ BEGIN
        AND l.holder = release_lease.holder
        AND l.token = release_lease.token
        AND l.released_at IS NULL
+       AND l.expires_at > pg_catalog.clock_timestamp()
        AND NOT l.session_bound
        AND release_lease.holder <> '';
     IF FOUND THEN
@@ -1144,13 +1167,14 @@ BEGIN
         PERFORM pglockkit._check_lease_args(release_lease.name, release_lease.holder, interval '1 second');
         RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    -- A session-bound lease, or not ours.
+    -- A session-bound lease, or not ours (any more: taken over, released, or past its ttl).
     UPDATE pglockkit.leases l
        SET released_at = pg_catalog.clock_timestamp()
      WHERE l.name = release_lease.name
        AND l.holder = release_lease.holder
        AND l.token = release_lease.token
        AND l.released_at IS NULL
+       AND l.expires_at > pg_catalog.clock_timestamp()
     RETURNING l.session_bound, l.session_key INTO v_bound, v_key;
     IF NOT v_bound THEN  -- unbound: only if the row changed since the first look
         RETURN true;
@@ -1167,7 +1191,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.release_lease(text, text, bigint) IS
-    'Releases the lease so that the next acquire_lease gets it at once (with the next token). True for the current holder with the current token; false (nothing changed) otherwise. Unlocks this session''s key for the name unless the session still holds the lease bound.';
+    'Releases the lease so that the next acquire_lease gets it at once (with the next token). True for the current holder with the current token before expiry; false (nothing changed) otherwise: a holder past its ttl is fenced like any stale holder. Unlocks this session''s key for the name unless the session still holds the lease bound.';
 
 CREATE FUNCTION pglockkit.check_fence(name text, token bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1178,6 +1202,9 @@ DECLARE
 BEGIN
     IF check_fence.name IS NULL OR check_fence.token IS NULL THEN
         RAISE EXCEPTION 'lease name and token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF check_fence.name = '' THEN
+        RAISE EXCEPTION 'lease name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- FOR SHARE: until this transaction ends, nobody can renew, release or take over the lease,
     -- so the write it guards commits under the token it checked.
@@ -1374,26 +1401,30 @@ BEGIN
     IF run_id IS NULL OR ok IS NULL THEN
         RAISE EXCEPTION 'run_id and ok must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- Fenced (0012): only the session running it finishes a run, the one whose backend started it
+    -- and holds its slot's key. A runner whose session ended lost the run (the next start_run takes
+    -- it over, under the same id): finishing it from a new session would record its outcome over
+    -- the attempt that took over, and could not release the key the starter's session holds.
     UPDATE pglockkit.runs r
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
      WHERE r.id = run_id AND r.status = 'running'
+       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+       AND pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), true)
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
         IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
             RAISE EXCEPTION 'no run with id %', run_id
                 USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'runs';
         END IF;
-        RETURN false;  -- already finished
+        RETURN false;  -- already finished, or not this session's run
     END IF;
-    IF pglockkit._advisory_held(pglockkit._run_key(v_job, v_slot), true) THEN
-        PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
-    END IF;
+    PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id (its TABLE field says runs).';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,
@@ -3950,6 +3981,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing');
 
 COMMIT;

@@ -94,26 +94,30 @@ BEGIN
     IF run_id IS NULL OR ok IS NULL THEN
         RAISE EXCEPTION 'run_id and ok must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- Fenced (0012): only the session running it finishes a run, the one whose backend started it
+    -- and holds its slot's key. A runner whose session ended lost the run (the next start_run takes
+    -- it over, under the same id): finishing it from a new session would record its outcome over
+    -- the attempt that took over, and could not release the key the starter's session holds.
     UPDATE pglockkit.runs r
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
      WHERE r.id = run_id AND r.status = 'running'
+       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+       AND pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), true)
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
         IF NOT EXISTS (SELECT FROM pglockkit.runs r WHERE r.id = run_id) THEN
             RAISE EXCEPTION 'no run with id %', run_id
                 USING ERRCODE = 'undefined_object', SCHEMA = 'pglockkit', TABLE = 'runs';
         END IF;
-        RETURN false;  -- already finished
+        RETURN false;  -- already finished, or not this session's run
     END IF;
-    IF pglockkit._advisory_held(pglockkit._run_key(v_job, v_slot), true) THEN
-        PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
-    END IF;
+    PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. True if the run was running; false if it had already finished; 42704 for an unknown id (its TABLE field says runs).';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,

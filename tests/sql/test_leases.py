@@ -496,15 +496,15 @@ def _acquire_behind(blocker, conn, name: str, holder: str, ttl, end: str = "COMM
 
 
 def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
-    """The lease has expired; its holder releases it inside a transaction that stays open, so an
-    acquirer waits for the row. It gets a larger token once the release commits, and its lease
+    """The holder releases its lease inside a transaction that stays open, and the lease expires
+    meanwhile, so an acquirer waits for the row. It gets a larger token once the release commits, and its lease
     starts no earlier than that: it is stamped with the time it got the row, not the time it
     asked."""
     with db.connect() as holder, db.connect() as rival:
         token = acquire_lease(holder, "slow-release", "holder", timedelta(milliseconds=100))
-        time.sleep(0.15)
         holder.execute("BEGIN")
-        assert release_lease(holder, "slow-release", "holder", token)
+        assert release_lease(holder, "slow-release", "holder", token)  # live (past its ttl: fenced)
+        time.sleep(0.15)  # expired in the acquirer's snapshot: it waits for the row
         got, before_commit = _acquire_behind(holder, rival, "slow-release", "rival", 60)
         assert got > token
         acquired, renewed = db.conn.execute(
@@ -526,8 +526,8 @@ def test_an_acquirer_that_waited_for_an_unchanged_row_starts_when_it_got_it(db, 
             check_fence(holder, "unchanged", token)
             time.sleep(0.2)  # expired, still held FOR SHARE
         else:
+            assert release_lease(holder, "unchanged", "holder", token)  # while live
             time.sleep(0.2)  # expired
-            assert release_lease(holder, "unchanged", "holder", token)
         end = "COMMIT" if blocker == "fenced writer expires" else "ROLLBACK"
         got, before_end = _acquire_behind(holder, rival, "unchanged", "rival", 60, end)
         assert got > token
@@ -618,3 +618,94 @@ def test_an_unbound_acquire_of_a_free_lease_this_session_bound_lets_go_of_its_ke
         assert second == first + 1
         assert advisory_locks(db.conn, a.info.backend_pid, granted_only=True) == 0
         assert acquire_lease(b, "rebind", "b", 60) is None  # live, unbound: b waits for the ttl
+
+
+# --- found by an adversarial review (0012) ------------------------------------------------------
+
+
+def _gone(db, pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while db.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+        assert time.monotonic() < deadline, f"backend {pid} still alive"
+        time.sleep(0.01)
+
+
+def test_a_holder_past_its_ttl_cannot_release_either(db):
+    # docs/leases.md: a holder that stayed connected past its ttl (a GC pause) is fenced like any
+    # stale holder: its renew_lease and release_lease return false. Nobody took the lease yet.
+    with db.connect() as conn:
+        token = acquire_lease(conn, "gc-pause", "a", timedelta(milliseconds=100))
+        time.sleep(0.2)
+        assert not renew_lease(conn, "gc-pause", "a", token, 10)
+        assert not release_lease(conn, "gc-pause", "a", token)
+        released = db.conn.execute("SELECT released_at FROM pglockkit.leases WHERE name = 'gc-pause'")
+        assert released.fetchone()[0] is None
+
+
+def test_a_bound_holder_back_on_a_new_connection_rebinds_its_lease(db, advisory_locks):
+    # A pod holds a bound lease; its backend dies; it comes back on a new connection, same holder,
+    # bind_session => true: a renewal (same token) bound to the new backend, so no rival gets it
+    # while that backend lives, and everyone does at once when it ends.
+    with db.connect() as old, db.connect() as new, db.connect() as rival:
+        first = acquire_lease(old, "pod", "pod-a", 60, bind_session=True)
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (old.info.backend_pid,))
+        _gone(db, old.info.backend_pid)
+        assert acquire_lease(new, "pod", "pod-a", 60, bind_session=True) == first
+        assert acquire_lease(rival, "pod", "rival", 60) is None
+        assert advisory_locks(db.conn, new.info.backend_pid, granted_only=True) == 1
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (new.info.backend_pid,))
+        _gone(db, new.info.backend_pid)
+        assert acquire_lease(rival, "pod", "rival", 60) > first
+
+
+def test_binding_a_live_unbound_lease_frees_it_with_its_backend(db, advisory_locks):
+    with db.connect() as holder, db.connect() as rival:
+        token = acquire_lease(holder, "bind-late", "h", 60)
+        assert acquire_lease(holder, "bind-late", "h", 60, bind_session=True) == token
+        bound, acquired, renewed = db.conn.execute(
+            "SELECT session_bound, acquired_at, renewed_at FROM pglockkit.leases WHERE name = 'bind-late'"
+        ).fetchone()
+        assert bound and acquired < renewed  # a renewal: acquired_at kept
+        # Bound once: acquiring bound again takes no second hold of the key (one release frees it).
+        assert acquire_lease(holder, "bind-late", "h", 60, bind_session=True) == token
+        assert advisory_locks(db.conn, holder.info.backend_pid, granted_only=True) == 1
+        assert acquire_lease(rival, "bind-late", "rival", 60) is None
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+        _gone(db, holder.info.backend_pid)
+        assert acquire_lease(rival, "bind-late", "rival", 60) > token
+
+
+def _backwards_ttl(conn) -> str:
+    """An interval that compares as positive (a month is 30 days there) but, added to the server's
+    clock now, moves it backwards (calendar months are 28 to 31 days)."""
+    for k in range(1, 13):
+        for ttl in (f"{k} mon {-(30 * k - 1)} days -1 hour", f"{-k} mon {30 * k + 1} days -1 hour"):
+            positive, forward = conn.execute(
+                "SELECT %s::interval > '0', clock_timestamp() + %s::interval > clock_timestamp()", (ttl, ttl)
+            ).fetchone()
+            if positive and not forward:
+                return ttl
+    raise AssertionError("no interval found that is positive but moves today's clock backwards")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "acquire_lease('doa', 'a', %s::interval)",
+        "acquire_lease('doa', 'a', %s::interval, bind_session => true)",
+        "renew_lease('doa', 'a', 1, %s::interval)",
+    ],
+)
+def test_a_ttl_that_moves_the_clock_backwards_is_refused(db, call):
+    # It was stored: a lease expired before it was acquired, and the next contender took it at once.
+    ttl = _backwards_ttl(db.conn)
+    with pytest.raises(psycopg.Error, match="lease ttl must be positive") as err:
+        db.conn.execute(f"SELECT pglockkit.{call}", (ttl,))
+    assert err.value.sqlstate == "22023"
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.leases").fetchone()[0] == 0
+
+
+def test_check_fence_refuses_an_empty_name_as_the_other_lease_functions_do(db):
+    with pytest.raises(psycopg.Error, match="must not be empty") as err:
+        db.conn.execute("SELECT pglockkit.check_fence('', 1)")
+    assert err.value.sqlstate == "22023"

@@ -63,6 +63,40 @@ def test_holder_that_dies_is_abandoned_and_rerun(db):
     holder.close()
 
 
+def test_a_runner_whose_session_ended_cannot_finish_the_attempt_that_took_over(db):
+    # pod-a's backend is killed while its process lives; pod-b takes the slot over (attempt 2,
+    # the same run id); pod-a reconnects and reports its outcome. That recorded pod-a's failure over
+    # pod-b's running attempt (and pod-b's own finish_run then said false).
+    a = db.connect()
+    run = start_run(a, "nightly", "2026-12-01", "pod-a")
+    db.conn.execute("SELECT pg_terminate_backend(%s)", (a.info.backend_pid,))
+    deadline = time.monotonic() + 2
+    while _history(db.conn, "nightly") != [("2026-12-01", "abandoned", 1)]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    a.close()
+    with db.connect() as b, db.connect() as a_again:
+        assert start_run(b, "nightly", "2026-12-01", "pod-b") == run
+        assert not finish_run(a_again, run, False, "pod-a: connection lost")
+        assert db.conn.execute(
+            "SELECT status, holder, attempt, detail FROM pglockkit.run_history WHERE id = %s", (run,)
+        ).fetchone() == ("running", "pod-b", 2, None)
+        assert finish_run(b, run, True)
+
+
+def test_only_the_starters_session_finishes_a_run(db, advisory_locks):
+    # finish_run releases the slot's lock, which only the starter's session can: from another
+    # session it said true and left the starter holding the lock for as long as it lived.
+    with db.connect() as starter, db.connect() as other:
+        run = start_run(starter, "report", "s1", "pod-a")
+        assert not finish_run(other, run, True)
+        assert _history(db.conn, "report") == [("s1", "running", 1)]
+        assert advisory_locks(db.conn, starter.info.backend_pid, granted_only=True) == 1
+        assert finish_run(starter, run, True)
+        assert advisory_locks(db.conn, starter.info.backend_pid, granted_only=True) == 0
+        assert _history(db.conn, "report") == [("s1", "succeeded", 1)]
+
+
 def test_finish_unknown_run(db):
     with pytest.raises(psycopg.errors.UndefinedObject, match="no run with id 999") as err:
         db.conn.execute("SELECT pglockkit.finish_run(999, true)")
