@@ -497,9 +497,9 @@ def _acquire_behind(blocker, conn, name: str, holder: str, ttl, end: str = "COMM
 
 def test_an_acquirer_that_waited_for_the_row_reads_the_clock_after_the_wait(db):
     """The holder releases its lease inside a transaction that stays open, and the lease expires
-    meanwhile, so an acquirer waits for the row. It gets a larger token once the release commits, and its lease
-    starts no earlier than that: it is stamped with the time it got the row, not the time it
-    asked."""
+    meanwhile, so an acquirer waits for the row. It gets a larger token once the release commits,
+    and its lease starts no earlier than that: it is stamped with the time it got the row, not the
+    time it asked."""
     with db.connect() as holder, db.connect() as rival:
         token = acquire_lease(holder, "slow-release", "holder", timedelta(milliseconds=100))
         holder.execute("BEGIN")
