@@ -56,6 +56,7 @@ from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, Unk
 log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
+MAX_LEASE = timedelta(days=7)  # claim_job's limit
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
 
 
@@ -185,6 +186,12 @@ class Settings:
             raise ValueError(f"group_time must not be negative, got {group_time!r}")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
+        job_lease = _calls.seconds(lease)
+        if not timedelta(0) < job_lease <= MAX_LEASE:
+            # claim_job refuses it (22023, 22003): every claim would fail, retried for ever.
+            raise ValueError(f"lease must be more than 0 and at most 7 days, got {job_lease}")
+        if reconnect_cap <= 0:
+            raise ValueError(f"reconnect_cap must be positive, got {reconnect_cap!r}")
         return cls(
             queue,
             name,
@@ -192,7 +199,7 @@ class Settings:
             batch,
             group,
             group_time,
-            _calls.seconds(lease),
+            job_lease,
             poll_interval,
             reconnect_cap,
             exactly_once,

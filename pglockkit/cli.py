@@ -339,8 +339,8 @@ def cmd_rate_limit(args: argparse.Namespace) -> int:
 
 def cmd_work(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())  # handlers in the current project, like python -m
-    handler = queue.load_handler(args.handler)
     try:
+        handler = queue.load_handler(args.handler)
         worker = Worker(
             _dsn(args),
             args.queue,

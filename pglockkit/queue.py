@@ -184,8 +184,18 @@ def jobs(conn: psycopg.Connection, queue: str, status: str | None = None, limit:
 
 
 def load_handler(spec: str) -> Callable[..., Any]:
-    """``'package.module:function'`` to the function."""
+    """``'package.module:function'`` to the function; ValueError naming what is wrong (the
+    CLI's usage error) if it cannot be had."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name:
         raise ValueError(f"handler must look like module:function, got {spec!r}")
-    return getattr(importlib.import_module(module_name), func_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import the handler's module {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise ValueError(f"module {module_name!r} has no {func_name!r}")
+    if not callable(func):
+        raise ValueError(f"handler {spec!r} is not callable")
+    return func

@@ -21,8 +21,10 @@ def backoff(attempt: int, *, base: float = 0.05, cap: float = 5.0, rng: random.R
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
 
     Jitter is what keeps a swarm of retrying workers from synchronising into a thundering herd.
+    The exponent stops growing at 64 (any cap is reached long before): ``2**1024`` overflows a
+    float, which an outage of 1,024 failed reconnects in a row reached.
     """
-    return (rng or random).uniform(0, min(cap, base * (2**attempt)))
+    return (rng or random).uniform(0, min(cap, base * (2 ** min(attempt, 64))))
 
 
 def retry(

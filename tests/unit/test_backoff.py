@@ -14,3 +14,11 @@ def test_backoff_is_jittered_and_capped():
     assert all(0 <= p <= 1.0 for p in pauses)
     assert max(pauses) - min(pauses) > 0.8  # spread over the window, not synchronised
     assert max(backoff(0, base=0.05, rng=rng) for _ in range(100)) <= 0.05
+
+
+def test_backoff_after_a_long_outage_stays_capped():
+    # A worker's reconnects count failures in a row: at 1,024 (about 85 minutes of outage at the
+    # default 10 s cap) 0.1 * 2**1024 overflowed a float and the OverflowError ended the worker.
+    rng = random.Random(3)
+    pauses = [backoff(n, base=0.1, cap=10.0, rng=rng) for n in (1023, 1024, 5000, 10**9)]
+    assert all(0 <= p <= 10.0 for p in pauses)

@@ -14,3 +14,31 @@ def test_a_duration_that_is_not_finite_is_an_argparse_error(value, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --lock-timeout: not a duration: '{value}'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("json", "handler must look like module:function"),
+        ("no_such_module_xyz:f", "cannot import the handler's module 'no_such_module_xyz'"),
+        ("json:no_such_function", "module 'json' has no 'no_such_function'"),
+        ("json:__doc__", "handler 'json:__doc__' is not callable"),
+    ],
+)
+def test_a_handler_that_cannot_be_had_is_a_usage_error(spec, message, capsys):
+    # It raised ImportError or AttributeError: a traceback and exit 1, where a usage error exits 2.
+    code = cli.main(["work", "--dsn", "postgresql:///unused", "--queue", "w", "--handler", spec])
+    err = capsys.readouterr().err
+    assert code == 2 and f"pglockkit work: {message}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("lease", ["0s", "8d"])
+def test_a_lease_claim_job_would_refuse_is_a_usage_error(lease, capsys):
+    # Accepted, it made every claim fail (22023 / 22003) and the worker retry for ever.
+    code = cli.main(
+        ["work", "--dsn", "postgresql:///unused", "--queue", "w", "--handler", "json:dumps", "--lease", lease]
+    )
+    assert (
+        code == 2
+        and "pglockkit work: lease must be more than 0 and at most 7 days" in capsys.readouterr().err
+    )
