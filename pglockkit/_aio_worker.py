@@ -215,7 +215,15 @@ class Worker(WorkerBase):
                 await self.handler(request.job, conn)
             else:
                 await self.handler(request.job)
-        except Exception as exc:
+        except asyncio.CancelledError as exc:
+            # The worker's own cancellation (stop, the loop ending) goes on up. One the handler
+            # met inside (it awaited a task someone cancelled) is the job's failure: left to rise,
+            # it ended the worker, and the job, run again, ended the next one.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return outcome(conn, request, self.settings.exactly_once, exc)
+        except (Exception, SystemExit) as exc:  # a library's sys.exit() too: the job fails
             return outcome(conn, request, self.settings.exactly_once, exc)
         return outcome(conn, request, self.settings.exactly_once)
 

@@ -114,7 +114,7 @@ def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def outcome(conn: Any, request: Handle, exactly_once: bool, exc: Exception | None = None) -> Outcome:
+def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException | None = None) -> Outcome:
     """What a handler's run on a lane's connection (sync or async) comes to; ``exc`` is what it
     raised. Re-raises when the connection is gone (the group is lost with it), and raises
     ``HandlerEndedTransaction`` when the handler committed or rolled back the group."""

@@ -261,7 +261,9 @@ class Worker(WorkerBase):
                 self.handler(request.job, conn)
             else:
                 self.handler(request.job)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
+            # SystemExit (a library's sys.exit()) too: it ended the lane's thread without a word,
+            # the job left running until its lease, and run() returned as if the queue were done.
             return outcome(conn, request, self.settings.exactly_once, exc)
         return outcome(conn, request, self.settings.exactly_once)
 

@@ -125,6 +125,43 @@ def test_a_group_commits_once_and_a_failing_handler_loses_only_its_own_writes(ta
     assert (status, attempt, later) == ("queued", 1, True) and "RuntimeError: no luck" in error
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_handler_that_exits_or_meets_a_cancelled_task_fails_its_job_not_its_lane(tables, asynchronous):
+    """sys.exit() in a handler (SystemExit) ended its lane's thread without a word: run() returned
+    with jobs left, the job running until its lease. An async handler awaiting a task someone
+    cancelled got CancelledError, which ended the whole async worker, and the next worker to run
+    the job too. Each is the job's failure now, like any exception."""
+    db = tables
+    bad, *rest = q.enqueue_many(db.conn, "w", [{"bad": True}] + [{}] * 4)
+
+    def handler(job, conn):
+        if job.payload.get("bad"):
+            raise SystemExit(3)
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    async def ahandler(job, conn):
+        if job.payload.get("bad"):
+            sub = asyncio.ensure_future(asyncio.sleep(10))
+            sub.cancel()
+            await sub
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    if asynchronous:
+        done = asyncio.run(aio.Worker(db.dsn, "w", ahandler, lease=30).run(exit_when_idle=True))
+    else:
+        done = pglockkit.Worker(db.dsn, "w", handler, lease=30).run(exit_when_idle=True)
+    assert done == 5
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == sorted(rest)
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1) and (
+        "CancelledError" if asynchronous else "SystemExit"
+    ) in error
+
+
 def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(tables):
     """The group locks its jobs' rows until it commits: with a lease of 0.3 s and a handler of 1 s,
     the leases run out, yet a claimer gets none of them and a cancel waits, then finds them done."""
