@@ -138,6 +138,8 @@ class Worker(WorkerBase):
         failures = 0
         try:
             while True:
+                if failures and self._stopping.is_set():
+                    return  # stopping after a failure: the hand goes back by its lease (see worker.py)
                 kick = self._kick
                 try:
                     async with pool.connection() as conn:
@@ -258,6 +260,9 @@ class Worker(WorkerBase):
         try:
             while True:
                 try:
+                    if listener.closed and self._stopping.is_set():
+                        await asyncio.sleep(0.25)  # the lanes are ending: no reconnects
+                        continue
                     if listener.closed:
                         listener = await self._connect(application_name)
                         await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")

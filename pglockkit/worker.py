@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -200,6 +201,10 @@ class Worker(WorkerBase):
         failures = 0
         try:
             while True:
+                if failures and self._stopping.is_set():
+                    # Stopping after a failure (the server may be down): the jobs in hand go back by
+                    # their lease. Trying again would wait out the pool's timeout, again and again.
+                    return
                 seen = self._wakeups
                 try:
                     with pool.connection() as conn:
@@ -299,6 +304,9 @@ class Worker(WorkerBase):
         ticker = Ticker(self.settings.tick_schedules)
         while any(t.is_alive() for t in lanes):
             try:
+                if listener.closed and self._stopping.is_set():
+                    time.sleep(0.25)  # the lanes are ending: no reconnects (the pause is 0 now)
+                    continue
                 if listener.closed:
                     listener = connect(
                         self.dsn, autocommit=True, application_name=f"pglockkit worker {self.queue} listen"

@@ -162,6 +162,44 @@ def test_a_handler_that_exits_or_meets_a_cancelled_task_fails_its_job_not_its_la
     ) in error
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_stop_during_an_outage_returns_at_once(tables, asynchronous):
+    """stop() (SIGTERM) while the database refuses connections: the lanes went on retrying, each
+    try waiting out the pool's timeout, and the listener reconnected in a tight loop (its pause
+    is 0 once stopping), so the worker never returned."""
+    db = tables
+    app = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker w%%'"
+
+    def handler(job, conn):
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    async def ahandler(job, conn):
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    worker = pglockkit.Worker(db.dsn, "w", ahandler if asynchronous else handler, concurrency=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while db.conn.execute(app).fetchone()[0] < 4:  # 2 lanes, the heartbeat, the listener
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with psycopg.connect(db.server.dsn(), autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{db.conn.info.dbname}" ALLOW_CONNECTIONS false')
+        try:
+            db.conn.execute(app.replace("count(*)", "pg_terminate_backend(pid)"))
+            time.sleep(1.0)
+            before = worker.reconnects
+            worker.stop()
+            thread.join(10)
+            alive, attempts = thread.is_alive(), worker.reconnects - before
+        finally:
+            admin.execute(f'ALTER DATABASE "{db.conn.info.dbname}" ALLOW_CONNECTIONS true')
+            thread.join(90)
+    assert not alive and attempts < 50, (alive, attempts)
+
+
 def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(tables):
     """The group locks its jobs' rows until it commits: with a lease of 0.3 s and a handler of 1 s,
     the leases run out, yet a claimer gets none of them and a cancel waits, then finds them done."""
