@@ -26,6 +26,7 @@ from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
+    POOL_WAIT,
     Budget,
     ClaimsConflicted,
     Handle,
@@ -105,6 +106,7 @@ class Worker(WorkerBase):
                 connection_class=AsyncLaneConnection,
                 open=False,
                 name=app,
+                timeout=POOL_WAIT,
             )
             await pool.open()
             heartbeat = await self._connect(f"{app} heartbeat")

@@ -57,6 +57,10 @@ log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
 MAX_LEASE = timedelta(days=7)  # claim_job's limit
+# Seconds a lane waits for a connection from its pool (only while the pool reconnects: each lane
+# has one of its own) before it counts a failure, backs off and looks at the stop flag again: at
+# the pool's default, 30 s, a worker stopped during an outage took that long to return.
+POOL_WAIT = 3.0
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
 
 
@@ -570,7 +574,7 @@ class Lane:
                 _, error = yield Pipeline([_calls.rollback_to(sp)])
                 if error is not None:
                     raise error
-        return (yield from self._record(done, failed, begin=False))
+        return (yield from self._record(done, failed, begin=False, extend_hand=True))
 
     def _alone(self) -> Generator[Pipeline | Handle, Any, str | None]:
         """One exactly-once job in a transaction of its own (slow jobs, or one in hand). Its row
@@ -647,16 +651,27 @@ class Lane:
             self.budget.spend(1)
 
     def _record(
-        self, done: list[Job], failed: list[tuple[Job, str]], *, begin: bool, completed: Sequence[Job] = ()
+        self,
+        done: list[Job],
+        failed: list[tuple[Job, str]],
+        *,
+        begin: bool,
+        completed: Sequence[Job] = (),
+        extend_hand: bool = False,
     ) -> Generator[Pipeline, Any, str | None]:
         """Record a group's outcomes (``completed``: jobs already completed in the open
         transaction) and, with the hand empty, claim the next jobs, then commit: one round trip,
         one commit. The claim's per-key counts are locked only until this commit; a claim that
-        fails (a deadlock, say) is undone alone, under a savepoint of its own."""
+        fails (a deadlock, say) is undone alone, under a savepoint of its own. ``extend_hand``:
+        the transaction locked the jobs left in hand (a group), so the heartbeat could not renew
+        their leases while it ran; they are renewed before the commit unlocks them, or a group
+        that ran longer than the lease left them to other workers' reclaims."""
         calls: list[Call[Any]] = [_calls.statement("BEGIN")] if begin else []
         outcomes, completions = outcome_calls(done, failed)
         completions = [len(calls) + i for i in completions]
         calls += outcomes
+        if extend_hand and self.hand:
+            calls.append(_calls.extend_many(list(self.hand), self.s.lease))
         n_outcomes = len(calls)
         n = 0 if self.hand else self._claim_size()
         if n:

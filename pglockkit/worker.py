@@ -30,6 +30,7 @@ from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
+    POOL_WAIT,
     Budget,
     ClaimsConflicted,
     Handle,
@@ -170,6 +171,7 @@ class Worker(WorkerBase):
                 connection_class=LaneConnection,
                 open=False,
                 name=app,
+                timeout=POOL_WAIT,
             )
             pool.open()
             heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)

@@ -200,6 +200,39 @@ def test_stop_during_an_outage_returns_at_once(tables, asynchronous):
     assert not alive and attempts < 50, (alive, attempts)
 
 
+def test_jobs_left_in_hand_by_a_slow_group_keep_their_lease(tables):
+    """A group locks every job in hand, and the heartbeat skips locked rows: while a slow job ran,
+    the unstarted jobs' leases ran out, and once the group committed another worker reclaimed
+    them (here, with max_attempts 1, buried them dead) while this worker went on to run them.
+    The group's commit renews them now."""
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{}, {"sleep": 1.5}, {"sleep": 0.3}, {}], max_attempts=1)
+    ran: list[int] = []
+
+    def handler(job, conn):
+        ran.append(job.id)
+        time.sleep(job.payload.get("sleep", 0))
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    worker = pglockkit.Worker(db.dsn, "w", handler, batch=3, group_time=0.2, lease=0.6)
+    thread = threading.Thread(target=worker.run, kwargs={"exit_when_idle": True})
+    thread.start()
+    deadline = time.monotonic() + 15
+    while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'").fetchone()[0] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with db.connect() as other:  # another worker's claims: nothing is queued, so only reclaims
+        while thread.is_alive():
+            assert q.claim(other, "w", "other", lease=30) == []
+            time.sleep(0.005)
+    thread.join(20)
+    assert sorted(ran) == ids
+    rows = db.conn.execute(
+        "SELECT id, status, attempt, last_error FROM pglockkit.jobs ORDER BY id"
+    ).fetchall()
+    assert rows == [(i, "done", 1, None) for i in ids]
+
+
 def test_no_other_session_can_take_a_job_of_an_open_group_even_after_its_lease(tables):
     """The group locks its jobs' rows until it commits: with a lease of 0.3 s and a handler of 1 s,
     the leases run out, yet a claimer gets none of them and a cancel waits, then finds them done."""
