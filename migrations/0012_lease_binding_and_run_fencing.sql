@@ -136,7 +136,7 @@ BEGIN
         v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
         IF v_row.released_at IS NULL AND v_row.expires_at > v_now THEN
             IF v_row.holder = acquire_lease.holder THEN
-                IF NOT bind_session OR (v_row.session_bound AND v_row.session_key = v_key) THEN
+                IF NOT bind_session THEN
                     -- The live holder acquiring again: a renewal, same token (a bound lease stays
                     -- bound to its backend).
                     UPDATE pglockkit.leases l
@@ -144,9 +144,11 @@ BEGIN
                      WHERE l.name = acquire_lease.name;
                     RETURN v_row.token;
                 END IF;
-                -- The live holder binding its lease to this backend (it held the lease unbound, or
-                -- bound to a backend of its that ended: a pod back on a new connection): a renewal,
-                -- same token, bound below like a lease taken (0012).
+                -- The live holder binding its lease to this backend (it held the lease unbound,
+                -- bound to a backend of its that ended, a pod back on a new connection, or bound
+                -- here already): a renewal, same token, bound below like a lease taken, which
+                -- takes this backend's key unless it holds it (0012). A key of this backend's pid
+                -- that it does not hold (a reused pid) is taken too.
                 v_token := v_row.token;
                 v_since := v_row.acquired_at;
             ELSE

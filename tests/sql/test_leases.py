@@ -709,3 +709,15 @@ def test_check_fence_refuses_an_empty_name_as_the_other_lease_functions_do(db):
     with pytest.raises(psycopg.Error, match="must not be empty") as err:
         db.conn.execute("SELECT pglockkit.check_fence('', 1)")
     assert err.value.sqlstate == "22023"
+
+
+def test_binding_again_retakes_a_session_key_this_backend_let_go_of(db, advisory_locks):
+    # The row is bound to this backend's key, but the backend does not hold it (its session locks
+    # dropped by hand, or a reused pid): acquiring bound again takes it, or a rival would find the
+    # key free and take the lease from a live holder.
+    with db.connect() as holder, db.connect() as rival:
+        token = acquire_lease(holder, "let-go", "h", 60, bind_session=True)
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        assert acquire_lease(holder, "let-go", "h", 60, bind_session=True) == token
+        assert advisory_locks(db.conn, holder.info.backend_pid, granted_only=True) == 1
+        assert acquire_lease(rival, "let-go", "rival", 60) is None
