@@ -1623,7 +1623,10 @@ BEGIN
     IF lease IS NULL THEN
         RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF lease OPERATOR(pg_catalog.<=) interval '0' THEN
+    -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
+    -- move the clock back, a lease expired when it is given (0013).
+    IF lease OPERATOR(pg_catalog.<=) interval '0'
+       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
@@ -1889,6 +1892,7 @@ BEGIN
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+       OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
        OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
@@ -1901,7 +1905,8 @@ BEGIN
         IF claim_job.lease IS NULL THEN
             RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0' THEN
+        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+           OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now THEN  -- (0013)
             RAISE EXCEPTION 'lease must be positive, got %', claim_job.lease USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF claim_job.lease OPERATOR(pg_catalog.>) interval '7 days' THEN
@@ -3983,6 +3988,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect');
 
 COMMIT;

@@ -195,6 +195,19 @@ def lease_contenders(
     }
 
 
+def backwards_interval(conn: psycopg.Connection) -> str:
+    """An interval that compares as positive (a month is 30 days there) but, added to the server's
+    clock now, moves it backwards (calendar months are 28 to 31 days)."""
+    for k in range(1, 13):
+        for ttl in (f"{k} mon {-(30 * k - 1)} days -1 hour", f"{-k} mon {30 * k + 1} days -1 hour"):
+            positive, forward = conn.execute(
+                "SELECT %s::interval > '0', clock_timestamp() + %s::interval > clock_timestamp()", (ttl, ttl)
+            ).fetchone()
+            if positive and not forward:
+                return ttl
+    raise AssertionError("no interval found that is positive but moves today's clock backwards")
+
+
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``pglockkit ARGS...`` in a subprocess, its output captured as text."""
     return subprocess.run(

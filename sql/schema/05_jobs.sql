@@ -151,7 +151,10 @@ BEGIN
     IF lease IS NULL THEN
         RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF lease OPERATOR(pg_catalog.<=) interval '0' THEN
+    -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
+    -- move the clock back, a lease expired when it is given (0013).
+    IF lease OPERATOR(pg_catalog.<=) interval '0'
+       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
@@ -417,6 +420,7 @@ BEGIN
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+       OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
        OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
@@ -429,7 +433,8 @@ BEGIN
         IF claim_job.lease IS NULL THEN
             RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0' THEN
+        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+           OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now THEN  -- (0013)
             RAISE EXCEPTION 'lease must be positive, got %', claim_job.lease USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF claim_job.lease OPERATOR(pg_catalog.>) interval '7 days' THEN

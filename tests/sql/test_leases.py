@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from scenarios import lease_contenders
+from scenarios import backwards_interval, lease_contenders
 
 import pglockkit
 import pglockkit.aio as aio
@@ -675,19 +675,6 @@ def test_binding_a_live_unbound_lease_frees_it_with_its_backend(db, advisory_loc
         assert acquire_lease(rival, "bind-late", "rival", 60) > token
 
 
-def _backwards_ttl(conn) -> str:
-    """An interval that compares as positive (a month is 30 days there) but, added to the server's
-    clock now, moves it backwards (calendar months are 28 to 31 days)."""
-    for k in range(1, 13):
-        for ttl in (f"{k} mon {-(30 * k - 1)} days -1 hour", f"{-k} mon {30 * k + 1} days -1 hour"):
-            positive, forward = conn.execute(
-                "SELECT %s::interval > '0', clock_timestamp() + %s::interval > clock_timestamp()", (ttl, ttl)
-            ).fetchone()
-            if positive and not forward:
-                return ttl
-    raise AssertionError("no interval found that is positive but moves today's clock backwards")
-
-
 @pytest.mark.parametrize(
     "call",
     [
@@ -698,7 +685,7 @@ def _backwards_ttl(conn) -> str:
 )
 def test_a_ttl_that_moves_the_clock_backwards_is_refused(db, call):
     # It was stored: a lease expired before it was acquired, and the next contender took it at once.
-    ttl = _backwards_ttl(db.conn)
+    ttl = backwards_interval(db.conn)
     with pytest.raises(psycopg.Error, match="lease ttl must be positive") as err:
         db.conn.execute(f"SELECT pglockkit.{call}", (ttl,))
     assert err.value.sqlstate == "22023"

@@ -15,7 +15,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from scenarios import exactly_once_under_sigkill, worker_proc
+from scenarios import backwards_interval, exactly_once_under_sigkill, worker_proc
 
 import pglockkit
 from pglockkit import queue as q
@@ -315,6 +315,27 @@ def test_bad_input_is_rejected_and_changes_nothing(db, call, params, sqlstate):
         db.conn.execute(call, params)
     assert err.value.sqlstate == sqlstate
     assert _jobs(db.conn) == before
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT * FROM pglockkit.claim_job('q', 'w', %(lease)s::interval)",
+        "SELECT pglockkit.extend_job(%(job)s, %(token)s, %(lease)s::interval)",
+        "SELECT pglockkit.extend_jobs(ARRAY[%(job)s::bigint], ARRAY[%(token)s::bigint], %(lease)s::interval)",
+    ],
+)
+def test_a_lease_that_moves_the_clock_backwards_is_refused(db, call):
+    # '-2 mon 61 days' compares as positive (a month is 30 days there) but is added in calendar
+    # months: in some months a claim with it had run out when given, and anyone could take it.
+    lease = backwards_interval(db.conn)
+    q.enqueue(db.conn, "q", {})
+    [job] = q.claim(db.conn, "q", "w", lease=60)
+    q.enqueue(db.conn, "q", {})
+    before = _jobs(db.conn)
+    with pytest.raises(psycopg.Error, match="lease must be positive") as err:
+        db.conn.execute(call, {"lease": lease, "job": job.id, "token": job.token})
+    assert err.value.sqlstate == "22023" and _jobs(db.conn) == before
 
 
 # --- interleavings: explicit steps over several connections -----------------------------------
