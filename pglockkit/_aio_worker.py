@@ -194,15 +194,7 @@ class Worker(WorkerBase):
             except StopIteration as end:
                 return end.value
             except HandlerEndedTransaction as exc:
-                job: Job = exc.args[0]
-                lane.running.remove(job)
-                lane.abandon_group()
-                self._watch.remove([job])
-                log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
-                if conn.info.transaction_status != TransactionStatus.IDLE:  # one the handler began
-                    await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
-                await _calls.arun(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
-                self._budget.spend(1)
+                await self._handler_ended_transaction(lane, conn, exc.args[0])
             except BaseException:
                 lane.abandon_group()
                 conn.in_job = False
@@ -211,6 +203,17 @@ class Worker(WorkerBase):
                 raise
             finally:
                 gen.close()
+
+    async def _handler_ended_transaction(self, lane: Lane, conn: psycopg.AsyncConnection, job: Job) -> None:
+        """``Worker._handler_ended_transaction`` (worker.py) on an async connection."""
+        log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
+        if conn.info.transaction_status != TransactionStatus.IDLE:  # one the handler began itself
+            await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+        xid = lane.group_xid
+        committed = xid is not None and await _calls.arun(conn, _calls.xact_status(xid)) == "committed"
+        _, error = await _calls.arun_pipeline(conn, lane.handler_ended(job, committed))
+        if error is not None:
+            raise error
 
     async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
         conn.start_job(request.savepoint)

@@ -147,6 +147,16 @@ def statement(text: str) -> Call[None]:
     return Call(text, decode=_nothing)
 
 
+def current_xid() -> Call[str]:
+    """The open transaction's id (a worker's group), to ask later whether it committed."""
+    return Call("SELECT pg_catalog.pg_current_xact_id()::text")
+
+
+def xact_status(xid: str) -> Call[str | None]:
+    """'committed', 'aborted' or 'in progress' (NULL if too old to tell)."""
+    return Call("SELECT pg_catalog.pg_xact_status(%s::xid8)", (xid,))
+
+
 def savepoint(n: int) -> Call[None]:
     return Call(sql.SQL("SAVEPOINT {}").format(sql.Identifier(f"pglockkit_{n}")), decode=_nothing)
 

@@ -434,6 +434,11 @@ class Lane:
         self.stopping = stopping
         self.hand: deque[Job] = deque()  # ours: claimed by committed transactions or the open group
         self.running: list[Job] = []  # taken from the hand by the open group, not yet recorded
+        # The open group's transaction id and its outcomes so far: if a handler ends the
+        # transaction with a COMMIT, what the jobs before it wrote is committed (handler_ended).
+        self.group_xid: str | None = None
+        self._group_done: list[Job] = []
+        self._group_failed: list[tuple[Job, str]] = []
         self.job_seconds = 0.0  # a moving average of this lane's handler time
 
     # --- claims ---------------------------------------------------------------------------
@@ -470,6 +475,26 @@ class Lane:
         self.watch.remove(self.running)
         self.budget.give_back(len(self.running))
         self.running = []
+        self.group_xid = None
+
+    def handler_ended(self, job: Job, committed: bool) -> list[Call[Any]]:
+        """A handler ended the group's transaction (COMMIT or ROLLBACK sent as SQL). The calls to
+        run next, in autocommit: fail ``job``; and if the transaction committed, what the jobs
+        before it wrote committed with it, so record their outcomes too (in key order), or they
+        would run again after their lease and write twice. Rolled back, they go back by it."""
+        self.running.remove(job)
+        calls: list[Call[Any]] = []
+        if committed:
+            done, failed = list(self._group_done), list(self._group_failed)
+            calls, _ = outcome_calls(done, failed)
+            finished = [*done, *(j for j, _ in failed)]
+            self.watch.remove(finished)
+            self.budget.spend(len(finished))
+            self.running = [j for j in self.running if j not in finished]
+        self.abandon_group()
+        self.watch.remove([job])
+        self.budget.spend(1)
+        return [*calls, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None)]
 
     def forget(self) -> None:
         """The lane ends with jobs in hand it could not give back: their leases hand them back."""
@@ -541,9 +566,12 @@ class Lane:
         # Lock the jobs in hand for the group's life (and renew their leases). A claim does not
         # run inside the group: its per-key counts would stay locked, and other claimers wait.
         jobs = list(self.hand)
-        results, error = yield Pipeline([_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease)])
+        results, error = yield Pipeline(
+            [_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease), _calls.current_xid()]
+        )
         if error is not None:
             raise error
+        self.group_xid = results[2]
         if results[1] < len(jobs):  # a claim went stale since it was taken, or a row is busy
             results, error = yield Pipeline([_calls.extend(job, self.s.lease) for job in jobs])
             if error is not None:  # a job is gone (pruned): leave the hand to the leases
@@ -558,6 +586,7 @@ class Lane:
         started = time.monotonic()
         done: list[Job] = []
         failed: list[tuple[Job, str]] = []
+        self._group_done, self._group_failed = done, failed
         sp = 0
         while self.hand and not self._closing(started, len(done) + len(failed)):
             job = self.hand.popleft()
@@ -574,6 +603,7 @@ class Lane:
                 _, error = yield Pipeline([_calls.rollback_to(sp)])
                 if error is not None:
                     raise error
+        self.group_xid = None  # the transaction ends with the record: no handler can end it now
         return (yield from self._record(done, failed, begin=False, extend_hand=True))
 
     def _alone(self) -> Generator[Pipeline | Handle, Any, str | None]:

@@ -275,17 +275,17 @@ class Worker(WorkerBase):
         return outcome(conn, request, self.settings.exactly_once)
 
     def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
-        """The handler ran COMMIT or ROLLBACK on the worker's transaction: what else of the group
-        committed is unknown, so the group is given up (its jobs are completed or go back by
-        their lease) and this job is recorded as failed."""
-        lane.running.remove(job)
-        lane.abandon_group()
-        self._watch.remove([job])
+        """The handler ran COMMIT or ROLLBACK on the worker's transaction: this job is recorded as
+        failed, and the group's earlier jobs as done (or failed) if the group committed, since
+        their writes did; rolled back, they go back by their lease (``Lane.handler_ended``)."""
         log.error("job %s: %s", job.id, HANDLER_ENDED_TRANSACTION)
         if conn.info.transaction_status != TransactionStatus.IDLE:  # one the handler began itself
             _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
-        _calls.run(conn, _calls.fail(job, HANDLER_ENDED_TRANSACTION, None))
-        self._budget.spend(1)
+        xid = lane.group_xid
+        committed = xid is not None and _calls.run(conn, _calls.xact_status(xid)) == "committed"
+        _, error = _calls.run_pipeline(conn, lane.handler_ended(job, committed))
+        if error is not None:
+            raise error
 
     # --- waking ---------------------------------------------------------------------------
 

@@ -321,6 +321,55 @@ def test_a_handler_that_ends_the_transaction_fails_its_job_and_the_worker_goes_o
     assert db.conn.execute(idle_in_transaction).fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+@pytest.mark.parametrize("how", ["COMMIT", "ROLLBACK"])
+def test_a_handler_that_ends_its_group_leaves_the_jobs_before_it_done_once(tables, how, asynchronous):
+    """A handler in a group sends COMMIT: the writes of the group's jobs before it committed with
+    it. They were given up with the group and ran again after their lease (written twice); now
+    the worker asks whether the group's transaction committed and records them done. After a
+    ROLLBACK their writes are gone, and they run again, once."""
+    db = tables
+    first, before, bad, after = q.enqueue_many(db.conn, "w", [{}, {}, {"end": True}, {}])
+    insert = "INSERT INTO done_log (job_id, token) VALUES (%s, %s)"
+
+    def handler(job, conn):
+        conn.execute(insert, (job.id, job.attempt))
+        if job.payload.get("end") and job.attempt == 1:
+            with _hiding(how):
+                _end(conn, how)
+
+    async def ahandler(job, conn):
+        await conn.execute(insert, (job.id, job.attempt))
+        if job.payload.get("end") and job.attempt == 1:
+            with _hiding(how):
+                await _end_async(conn, how)
+
+    def drain() -> None:  # the first job alone, then the other three in one group
+        options = {"batch": 10, "group": 32, "group_time": 30, "lease": 1}
+        if asynchronous:
+            asyncio.run(aio.Worker(db.dsn, "w", ahandler, **options).run(exit_when_idle=True))
+        else:
+            pglockkit.Worker(db.dsn, "w", handler, **options).run(exit_when_idle=True)
+
+    drain()
+    time.sleep(1.3)  # past the lease of anything given up
+    db.conn.execute("UPDATE pglockkit.jobs SET run_at = now() WHERE status = 'queued'")  # the retry
+    drain()
+    logged = db.conn.execute(
+        "SELECT job_id, count(*) FROM done_log GROUP BY job_id ORDER BY job_id"
+    ).fetchall()
+    committed = how == "COMMIT"
+    # `before` once either way: committed with the COMMIT and recorded, or rolled back and run again
+    assert logged == [(first, 1), (before, 1), (bad, 2 if committed else 1), (after, 1)]
+    states = db.conn.execute("SELECT id, status, attempt FROM pglockkit.jobs ORDER BY id").fetchall()
+    assert states == [
+        (first, "done", 1),
+        (before, "done", 1 if committed else 2),
+        (bad, "done", 2),
+        (after, "done", 1),
+    ]
+
+
 def test_a_handler_that_swallows_a_database_error_fails_its_job(tables):
     db = tables
     [job_id] = q.enqueue_many(db.conn, "w", [{}])
