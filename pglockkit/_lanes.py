@@ -434,10 +434,10 @@ class Lane:
         self.stopping = stopping
         self.hand: deque[Job] = deque()  # ours: claimed by committed transactions or the open group
         self.running: list[Job] = []  # taken from the hand by the open group, not yet recorded
-        # The open group's transaction id and its outcomes so far: if a handler ends the
-        # transaction with a COMMIT, what the jobs before it wrote is committed (handler_ended).
+        # The open group's transaction id and its failures so far (its other running jobs are
+        # done): if a handler ends the transaction with a COMMIT, what the jobs before it wrote is
+        # committed (handler_ended).
         self.group_xid: str | None = None
-        self._group_done: list[Job] = []
         self._group_failed: list[tuple[Job, str]] = []
         self.job_seconds = 0.0  # a moving average of this lane's handler time
 
@@ -484,13 +484,12 @@ class Lane:
         would run again after their lease and write twice. Rolled back, they go back by it."""
         self.running.remove(job)
         calls: list[Call[Any]] = []
-        if committed:
-            done, failed = list(self._group_done), list(self._group_failed)
-            calls, _ = outcome_calls(done, failed)
-            finished = [*done, *(j for j, _ in failed)]
-            self.watch.remove(finished)
-            self.budget.spend(len(finished))
-            self.running = [j for j in self.running if j not in finished]
+        if committed:  # the group's other running jobs are its outcomes so far
+            failed = [j for j, _ in self._group_failed]
+            calls, _ = outcome_calls([j for j in self.running if j not in failed], self._group_failed)
+            self.watch.remove(self.running)
+            self.budget.spend(len(self.running))
+            self.running = []
         self.abandon_group()
         self.watch.remove([job])
         self.budget.spend(1)
@@ -586,7 +585,7 @@ class Lane:
         started = time.monotonic()
         done: list[Job] = []
         failed: list[tuple[Job, str]] = []
-        self._group_done, self._group_failed = done, failed
+        self._group_failed = failed
         sp = 0
         while self.hand and not self._closing(started, len(done) + len(failed)):
             job = self.hand.popleft()

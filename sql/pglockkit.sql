@@ -917,12 +917,12 @@ COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
     'Private: rejects NULL (22004), empty names or holders and non-positive ttls (22023), ttls over a year (22003).';
 
 -- acquire_lease's common cases take one statement, like a hand-rolled lease's upsert: an UPDATE of
--- the name's row that renews a live lease of the same holder or takes a free one, if the row is
--- not session-bound (a bound row's key may need checking or letting go). An UPDATE decides on its snapshot
--- and locks the row only if the row qualifies: a lease another holder has live is never locked,
--- so a contender that loses writes nothing, waits for no disk flush, and holds up neither the
--- holder nor the other contenders (the second look below, on a new snapshot, answers NULL). If the
--- row changed meanwhile, the UPDATE waits for it, then decides again on its newest version
+-- the name's row that renews a live lease of the same holder or takes a free one, if the row is not
+-- session-bound (a bound row's key may need checking or letting go). An UPDATE decides on its
+-- snapshot and locks the row only if the row qualifies: a lease another holder has live is never
+-- locked, so a contender that loses writes nothing, waits for no disk flush, and holds up neither
+-- the holder nor the other contenders (the second look below, on a new snapshot, answers NULL). If
+-- the row changed meanwhile, the UPDATE waits for it, then decides again on its newest version
 -- (EvalPlanQual), computing the new values again.
 -- Two consequences, both bounded. The clock is read once, before the statement (v_now), so that
 -- the decision and the times agree; the statement returns a second reading, taken after the row
@@ -942,8 +942,8 @@ COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
 -- session-bound and its backend is gone), a session-bound row, and bind_session. The argument
 -- checks are inline comparisons, calling _check_lease_args only to raise. The common statement
 -- touches unbound rows only (0008): session_bound stays false and session_key NULL, two CASEs
--- fewer than when it also renewed bound rows, each about 1 us a call (PG 18). Figures: CHANGELOG.md, 0005_lease_fast_path, 0007_lease_update_first and
--- 0008_lease_unbound_fast_path.
+-- fewer than when it also renewed bound rows, each about 1 us a call (PG 18). Figures:
+-- CHANGELOG.md, 0005_lease_fast_path, 0007_lease_update_first and 0008_lease_unbound_fast_path.
 CREATE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
