@@ -439,8 +439,11 @@ def lock_rows(conn: AnyConnection, table: str, ids: Sequence[int], timeout: Time
     )
 
 
-def refuse_pooler(conn: AnyConnection) -> Call[None]:
-    """Raises ``PoolerDetected`` unless ``conn`` reaches the server directly.
+def refuse_pooler(
+    conn: AnyConnection, who: str = "sole_writer", instead: str = "use xact_lock inside a transaction"
+) -> Call[None]:
+    """Raises ``PoolerDetected`` unless ``conn`` reaches the server directly; the message names
+    ``who`` needs the direct connection and what to do ``instead``.
 
     PostgreSQL's BackendKeyData carries the pid of the backend serving the connection; a pooler
     (PgBouncer) or proxy answers the startup itself with a key of its own, so the pid differs."""
@@ -450,15 +453,20 @@ def refuse_pooler(conn: AnyConnection) -> Call[None]:
         server_pid = rows[0][0]
         if client_pid != server_pid:
             raise PoolerDetected(
-                "sole_writer needs a direct connection to PostgreSQL, but a connection pooler or proxy "
+                f"{who} needs a direct connection to PostgreSQL, but a connection pooler or proxy "
                 f"was detected (client-side pid {client_pid}, server pid {server_pid}): a session lock "
                 "taken through it can stay on a server session that serves other clients. Pass a DSN "
-                "that reaches PostgreSQL directly (not PgBouncer), or use xact_lock inside a transaction.",
+                f"that reaches PostgreSQL directly (not PgBouncer), or {instead}.",
                 client_pid=client_pid,
                 server_pid=server_pid,
             )
 
     return Call("SELECT pg_backend_pid()", decode=decode)
+
+
+# What Lease(bind_session=True) says through a pooler: the session key would stay on a pooled
+# server session, so the lease would not end with its holder's connection.
+BOUND_LEASE = ("Lease(bind_session=True)", "leave bind_session off (the lease then ends with its ttl)")
 
 
 def server_keepalives(window: dict[str, int] | None) -> Call[None]:

@@ -275,7 +275,8 @@ class Lease(_LeaseState):
         self._stop = asyncio.Event()
         self._conn = await connect(self.dsn, autocommit=True, application_name=self.application_name)
         try:
-            if self.bind_session:
+            if self.bind_session:  # a direct connection, told to notice a vanished host
+                await _calls.arun(self._conn, _calls.refuse_pooler(self._conn, *_calls.BOUND_LEASE))
                 await set_server_keepalives(self._conn)
             self.token = await acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
         except BaseException:

@@ -150,7 +150,8 @@ class Lease(_LeaseState):
         self._stop = threading.Event()
         self._conn = connect(self.dsn, autocommit=True, application_name=self.application_name)
         try:
-            if self.bind_session:  # freed with the session: have the server notice a vanished host
+            if self.bind_session:  # freed with the session: a direct one, told to notice a vanished host
+                _calls.run(self._conn, _calls.refuse_pooler(self._conn, *_calls.BOUND_LEASE))
                 set_server_keepalives(self._conn)
             self.token = acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
         except BaseException:

@@ -1,10 +1,11 @@
 """pglockkit through a real PgBouncer (Debian's 1.18), in transaction and session pooling.
 
 What works through transaction pooling: transaction locks, the queue (exactly once under SIGKILL),
-leases. What is refused: ``sole_writer`` (any pool mode). What cannot be refused and leaks: plain
-SQL session locks (``try_lock``), shown here as the hazard docs/pgbouncer.md warns about. Through session
-pooling session locks work per client connection; on disconnect, the default ``server_reset_query``
-(``DISCARD ALL``) releases them, and an empty one leaks them to the next client.
+leases. What is refused: ``sole_writer`` and a session-bound ``Lease`` (any pool mode). What cannot
+be refused and leaks: plain SQL session locks (``try_lock``), shown here as the hazard
+docs/pgbouncer.md warns about. Through session pooling session locks work per client connection;
+on disconnect, the default ``server_reset_query`` (``DISCARD ALL``) releases them, and an empty
+one leaks them to the next client.
 """
 
 from __future__ import annotations
@@ -194,6 +195,35 @@ def test_sole_writer_refuses_pgbouncer_before_taking_a_lock(db, ns, advisory_loc
         asyncio.run(main())
     finally:
         bouncer.stop()
+
+
+# A bound lease is freed when its holder's backend ends: through a pooler that backend is a pooled
+# server session that outlives the client, so Lease(bind_session=True) is refused like sole_writer.
+@pytest.mark.parametrize("pool_mode", ["transaction", "session"])
+def test_a_session_bound_lease_refuses_a_pooler(db, bouncer, pool_mode):
+    b = bouncer(pool_mode)
+    with pytest.raises(pglockkit.PoolerDetected) as err:
+        with pglockkit.Lease(b.dsn(), "restock", ttl=30, bind_session=True):
+            pytest.fail("a bound lease was taken through a pooler")
+    message = str(err.value)
+    assert "Lease(bind_session=True) needs a direct connection" in message
+    assert "leave bind_session off" in message and err.value.client_pid != err.value.server_pid
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.leases").fetchone()[0] == 0  # nothing taken
+    assert _held(db) == []
+    _wait_for(lambda: b.clients() == 0, "the refused connection to be closed")
+
+    async def refused_async() -> None:
+        with pytest.raises(pglockkit.PoolerDetected, match=r"Lease\(bind_session=True\)"):
+            async with aio.Lease(b.dsn(), "restock", ttl=30, bind_session=True):
+                pytest.fail("a bound lease was taken through a pooler")
+
+    asyncio.run(refused_async())
+    # Unbound through the pooler, and bound on a direct DSN: both work.
+    with pglockkit.Lease(b.dsn(), "restock", ttl=30) as lease:
+        assert lease.acquired
+    with pglockkit.Lease(db.dsn, "restock", ttl=30, bind_session=True) as lease:
+        assert lease.acquired
+    _wait_for(lambda: b.clients() == 0, "the async refused connection to be closed")
 
 
 # --- doctor's pooler check -------------------------------------------------------------------------
