@@ -272,7 +272,10 @@ def _utf8(conn: AnyConnection) -> bool:
 
 # Keys of the resources a process locks again and again (a tenant, a graph, a row): sha256 costs
 # more than the rest of the helper's Python. Keyed by (id, resource), so no entry can go stale.
+# A long text is hashed each time instead: the cache would keep up to 8,192 of them alive, and
+# their hash costs more than the call's round trip saves anyway.
 _cached_key = functools.lru_cache(maxsize=8192)(lock_key)
+_CACHED_TEXT = 256  # characters
 
 
 def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
@@ -287,7 +290,11 @@ def _local_key(conn: AnyConnection, ns: object, resource: object) -> int | None:
     elif type(resource) is not int or not 0 <= resource < INT_RESOURCE_LIMIT:
         return None
     ns_id = _nscache.cached_id(conn, ns)
-    return None if ns_id is None else _cached_key(ns_id, resource)
+    if ns_id is None:
+        return None
+    if type(resource) is str and len(resource) > _CACHED_TEXT:
+        return lock_key(ns_id, resource)
+    return _cached_key(ns_id, resource)
 
 
 def _learnt(conn: AnyConnection, ns: str, rows: Rows) -> tuple[Any, ...]:

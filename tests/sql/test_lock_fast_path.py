@@ -167,6 +167,23 @@ def test_a_free_lock_is_one_round_trip_taking_the_key_sql_computes(db, ns, clien
     assert held(db.conn, c.pid) == set()
 
 
+def test_a_long_resource_takes_the_fast_path_without_being_kept_in_the_key_cache(db, ns, client):
+    c = client()
+    c.execute("SELECT 1")
+    c.xact_lock(ns, "fills the cache")
+    long_id = random.getrandbits(64)
+    long = f"row:{long_id}:" + "ä" * 20_000
+    before = _calls._cached_key.cache_info().currsize
+    with c.statements() as sent:
+        key = c.xact_lock(ns, long, 2)
+    assert sent == [TRY] and key == sql_key(db.conn, ns, long)
+    assert key in held(db.conn, c.pid)
+    assert _calls._cached_key.cache_info().currsize == before  # not kept alive by the cache
+    c.xact_lock(ns, f"short:{long_id}")  # a name no other test locks
+    assert _calls._cached_key.cache_info().currsize == before + 1  # a short one is
+    c.rollback()
+
+
 def test_xact_lock_all_takes_free_keys_in_one_round_trip_of_tries(db, ns, client):
     """The SQL function's first call teaches the cache; then a free set is one statement that
     tries the distinct keys, computed here, in ascending order: the keys SQL computes, held until
