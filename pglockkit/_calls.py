@@ -756,9 +756,8 @@ def jobs(queue: str, status: str | None, limit: int) -> Call[list[dict]]:
         "SELECT id, status, priority, attempt || '/' || max_attempts, "
         # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
         "date_trunc('seconds', run_at)::text, worker, left(payload::text, 40), left(last_error, 40) "
-        "FROM pglockkit.jobs WHERE queue = %s AND (%s::text IS NULL OR status = %s) "
-        "ORDER BY id DESC LIMIT %s",
-        (queue, status, status, limit),
+        "FROM pglockkit.list_jobs(%s, %s, %s)",
+        (queue, status, limit),
         decode=_dicts(JOB_LIST_COLUMNS),
     )
 

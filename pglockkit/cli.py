@@ -741,10 +741,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="worker name shown on its jobs (default host:pid)")
     p.add_argument("--max-jobs", type=int, help="stop after this many jobs")
     p.add_argument("--exit-when-idle", action="store_true", help="stop when the queue has no due job")
-    p = add("jobs", cmd_jobs, "list a queue's jobs, newest first", parents=[conn_opts])
+    p = add("jobs", cmd_jobs, "list a queue's jobs, newest first (pglockkit_admin)", parents=[conn_opts])
     p.add_argument("queue")
     p.add_argument("--status", choices=["queued", "running", "done", "dead", "cancelled"])
-    p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
+    p.add_argument(
+        "--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: %(default)s)"
+    )
     p = add(
         "doctor",
         cmd_doctor,

@@ -187,7 +187,9 @@ def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
                     "expired job leases",
                     f"queue {r['queue']}: {r['expired_leases']} running job(s) past their lease "
                     "(worker gone?)",
-                    "They are reclaimed by the next claim_job; if they pile up, no worker is claiming.",
+                    "They are reclaimed when the queue is resumed (resume_queue)."
+                    if paused
+                    else "They are reclaimed by the next claim_job; if they pile up, no worker is claiming.",
                 )
             )
     return findings
@@ -410,6 +412,11 @@ def _cut(text: object, width: int) -> str:
     return s if len(s) <= width else s[: width - 1] + "~"
 
 
+def _pids(pids: list[int]) -> str:
+    """Blocking pids as ``pg_blocking_pids`` gives them: 0 is a prepared transaction."""
+    return ", ".join("a prepared transaction" if p == 0 else str(p) for p in pids)
+
+
 def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     """One frame of ``pglockkit top``: advisory locks, waits with their chains, queues, rate
     limits, live leases."""
@@ -429,13 +436,15 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
         tag = "HOLD" if r["granted"] else "WAIT"
         age = r["state_age"] if r["granted"] else r["wait_time"]
         tail = f"{r['application_name'] or ''} {r['query'] or ''}".strip()
+        # A prepared transaction holds its locks with no session: no pid, no state.
+        pid, state = (r["pid"], r["state"]) if r["pid"] is not None else ("2PC", "prepared")
         line = (
-            f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{r['pid']:>7} {tag:<5}"
-            f"{_cut(r['state'], 10):<11}{fmt.age(age):>7}  "
+            f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{pid:>7} {tag:<5}"
+            f"{_cut(state, 10):<11}{fmt.age(age):>7}  "
         )
         out.append(line + _cut(tail, max(10, width - len(line))))
         if not r["granted"] and r["blocked_by"]:
-            out.append(f"{'':>28}`-- blocked by {', '.join(map(str, r['blocked_by']))}")
+            out.append(f"{'':>28}`-- blocked by {_pids(r['blocked_by'])}")
     waits = _rows(
         conn,
         "SELECT pid, blocked_by, root_blocker, sessions_behind_root, locktype, namespace, "
@@ -444,12 +453,13 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     out.extend(["", f"LOCK WAITS ({len(waits)})"])
     for root in sorted({w["root_blocker"] for w in waits if w["root_blocker"] is not None}):
         behind = [w for w in waits if w["root_blocker"] == root]
-        out.append(f"root pid {root}: {len(behind)} session(s) behind")
+        who = "a prepared transaction" if root == 0 else f"pid {root}"
+        out.append(f"root{':' if root == 0 else ''} {who}: {len(behind)} session(s) behind")
         for w in behind:
             what = w["namespace"] or w["relation"] or w["locktype"]
             out.append(
                 f"  `-- pid {w['pid']} waits {fmt.age(w['wait_time'])} on {_cut(what, 30)} "
-                f"(blocked by {', '.join(map(str, w['blocked_by']))})"
+                f"(blocked by {_pids(w['blocked_by'])})"
             )
     queues = _rows(
         conn,

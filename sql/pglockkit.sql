@@ -2607,28 +2607,79 @@ $$;
 COMMENT ON FUNCTION pglockkit.cancel_job(bigint) IS
     'Cancels a queued or running job (a running job''s worker then gets false from complete_job). False if it had already finished; 42704 for an unknown id.';
 
+-- Queues dead jobs again; its UPDATE, once for all of them and, if a concurrent enqueue took a
+-- dedup key meanwhile, once per job. A dead job whose dedup key an unfinished job of the queue has
+-- stays dead (dedup keys are unique among unfinished jobs, index jobs_dedup).
+CREATE FUNCTION pglockkit._requeue_dead(queue text, ids bigint[])
+RETURNS TABLE (concurrency_key text, concurrency_limit integer)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE pglockkit.jobs j
+       SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
+     WHERE j.id OPERATOR(pg_catalog.=) ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
+       AND (j.dedup_key IS NULL
+            OR NOT EXISTS (SELECT FROM pglockkit.jobs p
+                            WHERE p.queue = j.queue AND p.dedup_key = j.dedup_key AND p.status IN ('queued', 'running')))
+    RETURNING j.concurrency_key, j.concurrency_limit
+$$;
+COMMENT ON FUNCTION pglockkit._requeue_dead(text, bigint[]) IS
+    'Private: retry_dead_jobs''s UPDATE of the dead jobs in ids (a dead job whose dedup key an unfinished job has is left dead); runs with its caller''s rights.';
+
 CREATE FUNCTION pglockkit.retry_dead_jobs(queue text, ids bigint[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_n      integer;
+    v_ids    bigint[];
+    v_id     bigint;
+    v_one    integer;
+    v_n      integer := 0;
     v_keys   text[];
     v_limits integer[];
+    v_k      text[];
+    v_l      integer[];
 BEGIN
     PERFORM pglockkit._check_queue(retry_dead_jobs.queue);
-    WITH requeued AS (
-        UPDATE pglockkit.jobs j
-           SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-         WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead'
-           AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
-        RETURNING j.concurrency_key, j.concurrency_limit
-    )
-    SELECT pg_catalog.count(*)::int,
-           pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
-           pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
-      INTO v_n, v_keys, v_limits
-      FROM requeued r;
+    -- Dedup keys are unique among unfinished jobs, so a key can die more than once (a daily digest
+    -- that fails each day): of its dead jobs, the newest is queued again (0014).
+    SELECT pg_catalog.array_agg(c.id) INTO v_ids
+      FROM (SELECT j.id FROM pglockkit.jobs j
+             WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NULL
+               AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+            UNION ALL
+            SELECT d.id FROM (SELECT DISTINCT ON (j.dedup_key) j.id FROM pglockkit.jobs j
+                               WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NOT NULL
+                                 AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+                               ORDER BY j.dedup_key, j.id DESC) d) c;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    BEGIN
+        SELECT pg_catalog.count(*)::int,
+               pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
+               pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
+          INTO v_n, v_keys, v_limits
+          FROM pglockkit._requeue_dead(retry_dead_jobs.queue, v_ids) r;
+    EXCEPTION WHEN unique_violation THEN
+        -- An enqueue took the dedup key of one of them after the check: one job at a time, each
+        -- that meets such an enqueue staying dead.
+        v_n := 0;
+        FOREACH v_id IN ARRAY v_ids LOOP
+            BEGIN
+                SELECT pg_catalog.count(*)::int,
+                       pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
+                       pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
+                  INTO v_one, v_k, v_l
+                  FROM pglockkit._requeue_dead(retry_dead_jobs.queue, ARRAY[v_id]) r;
+                v_n := v_n OPERATOR(pg_catalog.+) v_one;
+                v_keys := v_keys OPERATOR(pg_catalog.||) v_k;
+                v_limits := v_limits OPERATOR(pg_catalog.||) v_l;
+            EXCEPTION WHEN unique_violation THEN
+                NULL;
+            END;
+        END LOOP;
+    END;
     IF v_keys IS NOT NULL THEN
         -- The keys of the jobs queued again keep (or get back) their rows: prune_jobs may have
         -- deleted them while the jobs were dead.
@@ -2644,7 +2695,42 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.retry_dead_jobs(text, bigint[]) IS
-    'Queues dead jobs of a queue again (all, or those in ids) with a fresh set of attempts; returns how many. last_error is kept until the next failure.';
+    'Queues dead jobs of a queue again (all, or those in ids) with a fresh set of attempts; returns how many. Of the dead jobs with one dedup key, the newest is queued again, unless an unfinished job of the queue has the key; the others stay dead. last_error is kept until the next failure.';
+
+-- What `pglockkit jobs` lists. No role has privileges on the table; this lets the operators'
+-- role read the jobs it may retry or cancel (pglockkit_admin only, like retry_dead_jobs).
+CREATE FUNCTION pglockkit.list_jobs(queue text, with_status text DEFAULT NULL, lim integer DEFAULT 50)
+RETURNS TABLE (id bigint, status text, priority integer, attempt integer, max_attempts integer,
+               run_at timestamptz, worker text, payload jsonb, last_error text, created_at timestamptz,
+               finished_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pglockkit._check_queue(list_jobs.queue);
+    IF list_jobs.with_status IS NOT NULL
+       AND list_jobs.with_status <> ALL ('{queued,running,done,dead,cancelled}'::text[]) THEN
+        RAISE EXCEPTION 'unknown job status "%"', list_jobs.with_status USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A job is queued, running, done, dead or cancelled.';
+    END IF;
+    IF list_jobs.lim IS NULL THEN
+        RAISE EXCEPTION 'lim must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF list_jobs.lim < 1 THEN
+        RAISE EXCEPTION 'lim must be a positive number of jobs, got %', list_jobs.lim
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT j.id, j.status, j.priority, j.attempt, j.max_attempts, j.run_at, j.worker, j.payload,
+               j.last_error, j.created_at, j.finished_at
+          FROM pglockkit.jobs j
+         WHERE j.queue = list_jobs.queue AND (list_jobs.with_status IS NULL OR j.status = list_jobs.with_status)
+         ORDER BY j.id DESC
+         LIMIT list_jobs.lim;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.list_jobs(text, text, integer) IS
+    'A queue''s jobs, newest first, at most lim (with status with_status only, if given): what pglockkit jobs prints. pglockkit_admin only. 22004 for a NULL queue or lim, 22023 for an empty queue, an unknown status or a lim under 1.';
 
 CREATE FUNCTION pglockkit.prune_jobs(older_than interval, queue text DEFAULT NULL, include_dead boolean DEFAULT false)
 RETURNS bigint
@@ -3657,11 +3743,17 @@ SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
 COMMENT ON VIEW pglockkit.advisory_locks IS
     'Every advisory lock held or awaited in this database: namespace (registered name, ''flyway'', ''int4 pair'' or ''unregistered''), key (bigint keys) or key1/key2 (int4 pairs), granted, pid, application, user, client, state and how long in it, a waiter''s wait time and the pids blocking it, the query. For a session the reader may not see (pg_stat_activity''s rule: neither the privileges of its role nor of pg_read_all_stats), user and application are shown, client, state and state_age are NULL, and the query reads ''<insufficient privilege>''.';
 
+-- The waiters are the sessions of this database with a lock not granted in pg_locks, which every
+-- reader sees (pg_stat_activity's wait_event_type is NULL for another role's session, unless the
+-- reader has pg_read_all_stats), and decoded with this database's registry and catalog (0014).
 CREATE VIEW pglockkit.lock_waits AS
 WITH RECURSIVE waiting AS (
     SELECT a.pid, pg_catalog.pg_blocking_pids(a.pid) AS blocked_by
       FROM pg_catalog.pg_stat_activity a
-     WHERE a.wait_event_type OPERATOR(pg_catalog.=) 'Lock'
+     WHERE a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND EXISTS (SELECT FROM pg_catalog.pg_locks l
+                    WHERE l.pid OPERATOR(pg_catalog.=) a.pid AND NOT l.granted)
 ), up (pid, blocker, depth) AS (
     SELECT w.pid, b.blocker, 1 FROM waiting w, pg_catalog.unnest(w.blocked_by) AS b(blocker)
     UNION
@@ -3689,7 +3781,7 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) w.pid
  WHERE pg_catalog.cardinality(w.blocked_by) OPERATOR(pg_catalog.>) 0;
 COMMENT ON VIEW pglockkit.lock_waits IS
-    'Every backend waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited.';
+    'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids).';
 
 CREATE VIEW pglockkit.idle_lock_holders AS
 SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,
@@ -3978,7 +4070,7 @@ $$;
 CREATE FUNCTION pglockkit._admin_only(proname name) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
+AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,list_jobs,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
 COMMENT ON FUNCTION pglockkit._admin_only(name) IS
     'Private: true for the functions only pglockkit_admin may execute (they change what every worker works with or may store, or delete history).';
 
@@ -3988,6 +4080,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes');
 
 COMMIT;

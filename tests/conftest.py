@@ -42,7 +42,11 @@ from pglockkit import embedded
 
 HERE = Path(__file__).resolve().parent
 SERVERS = ("pg15", "pg18")
-SERVER_OPTIONS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+# max_prepared_transactions: a monitoring test holds a lock in a prepared transaction.
+SERVER_OPTIONS = (
+    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    " -c max_prepared_transactions=4"
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -48,11 +48,17 @@ SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
 COMMENT ON VIEW pglockkit.advisory_locks IS
     'Every advisory lock held or awaited in this database: namespace (registered name, ''flyway'', ''int4 pair'' or ''unregistered''), key (bigint keys) or key1/key2 (int4 pairs), granted, pid, application, user, client, state and how long in it, a waiter''s wait time and the pids blocking it, the query. For a session the reader may not see (pg_stat_activity''s rule: neither the privileges of its role nor of pg_read_all_stats), user and application are shown, client, state and state_age are NULL, and the query reads ''<insufficient privilege>''.';
 
+-- The waiters are the sessions of this database with a lock not granted in pg_locks, which every
+-- reader sees (pg_stat_activity's wait_event_type is NULL for another role's session, unless the
+-- reader has pg_read_all_stats), and decoded with this database's registry and catalog (0014).
 CREATE VIEW pglockkit.lock_waits AS
 WITH RECURSIVE waiting AS (
     SELECT a.pid, pg_catalog.pg_blocking_pids(a.pid) AS blocked_by
       FROM pg_catalog.pg_stat_activity a
-     WHERE a.wait_event_type OPERATOR(pg_catalog.=) 'Lock'
+     WHERE a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND EXISTS (SELECT FROM pg_catalog.pg_locks l
+                    WHERE l.pid OPERATOR(pg_catalog.=) a.pid AND NOT l.granted)
 ), up (pid, blocker, depth) AS (
     SELECT w.pid, b.blocker, 1 FROM waiting w, pg_catalog.unnest(w.blocked_by) AS b(blocker)
     UNION
@@ -80,7 +86,7 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) w.pid
  WHERE pg_catalog.cardinality(w.blocked_by) OPERATOR(pg_catalog.>) 0;
 COMMENT ON VIEW pglockkit.lock_waits IS
-    'Every backend waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited.';
+    'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids).';
 
 CREATE VIEW pglockkit.idle_lock_holders AS
 SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,

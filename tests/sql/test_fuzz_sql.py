@@ -633,6 +633,14 @@ FUNCTIONS: dict[str, Fn] = {
         ],
         {NULL_, BAD},
     ),
+    "list_jobs(text, text, integer)": fn(
+        [
+            ("queue", text_arg(QUEUES, lives=("dead.queue",))),
+            ("with_status", text_arg(("queued", "running", "done", "dead", "cancelled", "Dead")), True),
+            ("lim", int_arg((1, 50, 0, -1)), True),
+        ],
+        {NULL_, BAD},
+    ),
     "prune_jobs(interval, text, boolean)": fn(
         [
             ("older_than", interval_arg(("0", "1 s", "7 days"))),
@@ -1122,6 +1130,7 @@ FATAL_NULLS = {
     "release_job": ("id",),
     "cancel_job": ("id",),
     "retry_dead_jobs": ("queue",),
+    "list_jobs": ("queue", "lim"),
     "prune_jobs": ("older_than", "include_dead"),
     "sample": ("retention",),
     "set_max_payload_bytes": ("bytes",),

@@ -187,6 +187,7 @@ def test_uninstall_of_a_bundle_install(server):
 # Functions that change what every worker works with, or delete history: pglockkit_admin only.
 ADMIN_ONLY = {
     "pglockkit.register_namespace",
+    "pglockkit.list_jobs",
     "pglockkit.prune_jobs",
     "pglockkit.prune_leases",
     "pglockkit.prune_runs",
@@ -231,7 +232,8 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         elif not sig.startswith("pglockkit._grant_privileges"):
             assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
     definers = sorted(sig for sig, _, _, _, secdef, _ in rows if secdef)
-    # The functions that write the kit's tables, and no others.
+    # The functions that write the kit's tables, and list_jobs (pglockkit_admin reads the jobs
+    # through it: no role has privileges on the table), and no others.
     assert definers == [
         "pglockkit.acquire_lease(text,text,interval,boolean)",
         "pglockkit.cancel_job(bigint)",
@@ -245,6 +247,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.extend_jobs(bigint[],bigint[],interval)",
         "pglockkit.fail_job(bigint,bigint,text,interval)",
         "pglockkit.finish_run(bigint,boolean,text)",
+        "pglockkit.list_jobs(text,text,integer)",
         "pglockkit.pause_queue(text)",
         "pglockkit.prune_jobs(interval,text,boolean)",
         "pglockkit.prune_leases(interval)",

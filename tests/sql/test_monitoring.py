@@ -458,3 +458,85 @@ def test_advisory_locks_shows_user_and_hides_state_and_query_of_unseen_sessions(
         assert "root secret" in row[6]
     comment = db.conn.execute("SELECT obj_description('pglockkit.advisory_locks'::regclass)").fetchone()[0]
     assert "<insufficient privilege>" in comment and "NULL" in comment
+
+
+def test_lock_waits_shows_another_roles_waiter_to_a_pglockkit_user(db, ns, as_role):
+    """docs/monitoring.md: every lock is listed for every reader, and a role with only
+    pglockkit_user reads every view and sees the planted locks. advisory_locks lists the waiter
+    (from pg_locks); lock_waits must list it too, not only to pg_monitor members: otherwise
+    `pglockkit top` shows a WAIT row with an empty LOCK WAITS section, and the
+    pglockkit_lock_waits metrics (sql/postgres_exporter.yaml: "pg_monitor (or pglockkit_user)")
+    stay 0."""
+    reader = as_role("vis_worker")
+    with db.connect() as holder:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'restock_plan')", (ns,))
+        waiter, thread = _blocked_waiter(
+            db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
+        )
+        seen_locks = reader.execute(
+            "SELECT granted, blocked_by FROM pglockkit.advisory_locks WHERE pid = %s",
+            (waiter.info.backend_pid,),
+        ).fetchall()
+        assert seen_locks == [(False, [holder.info.backend_pid])]  # the lock is listed for this reader
+        seen_waits = reader.execute(
+            "SELECT pid, root_blocker, namespace FROM pglockkit.lock_waits"
+        ).fetchall()
+        expected = [(waiter.info.backend_pid, holder.info.backend_pid, ns)]
+        holder.execute("SELECT pglockkit.unlock(%s, 'restock_plan')", (ns,))
+        thread.join(5)
+        waiter.close()
+    assert seen_waits == expected
+
+
+def test_lock_waits_does_not_label_another_databases_waits_with_this_registry(server, db, ns):
+    """lock_waits reads pg_stat_activity and pg_locks of the whole server, but decodes advisory
+    keys with this database's namespace registry and relation OIDs with this database's catalog.
+    A wait in another database (where `graphs` means nothing, or pglockkit is not installed) must
+    not be reported here as a wait on this database's `graphs` namespace; advisory_locks, which
+    keeps to this database, does not list it."""
+    other = server.dsn(server.create_database())
+    key = lock_key(namespace_id(ns), "restock_plan")  # the same bigint, taken in the other database
+    with psycopg.connect(other, autocommit=True) as holder, psycopg.connect(other, autocommit=True) as waiter:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        thread = threading.Thread(
+            target=lambda: waiter.execute("SELECT pg_advisory_lock(%s)", (key,)), daemon=True
+        )
+        thread.start()
+        _wait_until_blocked(db, waiter.info.backend_pid)
+        here = db.conn.execute(
+            "SELECT namespace FROM pglockkit.lock_waits WHERE pid = %s", (waiter.info.backend_pid,)
+        ).fetchall()
+        listed = db.conn.execute(
+            "SELECT count(*) FROM pglockkit.advisory_locks WHERE pid = %s", (waiter.info.backend_pid,)
+        ).fetchone()[0]
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        thread.join(5)
+    assert listed == 0
+    assert (ns,) not in here, f"a wait in another database shown as a wait on namespace {ns}: {here}"
+
+
+def test_top_and_the_views_survive_a_prepared_transaction_holding_an_advisory_lock(db, ns):
+    """A prepared transaction (two-phase commit, as XA transaction managers use) keeps its
+    transaction-level advisory locks until COMMIT/ROLLBACK PREPARED, with no session: pg_locks
+    shows pid NULL, and pg_blocking_pids names it 0. `pglockkit top`, the live view an operator
+    opens when something holds a lock, must print a frame that says so, not crash."""
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,))
+        conn.execute("PREPARE TRANSACTION 'xa-1'")
+        try:
+            rows = db.conn.execute("SELECT namespace, granted, pid FROM pglockkit.advisory_locks").fetchall()
+            assert rows == [(ns, True, None)]
+            waiter, thread = _blocked_waiter(
+                db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
+            )
+            waiter_pid = waiter.info.backend_pid
+            out = cli("top", "--once", "--dsn", db.dsn)
+        finally:
+            conn.execute("ROLLBACK PREPARED 'xa-1'")
+        thread.join(5)
+        waiter.close()
+    assert out.returncode == 0, out.stderr[-600:]
+    assert "ADVISORY LOCKS (2)" in out.stdout and ns in out.stdout
+    assert "root: a prepared transaction: 1 session(s) behind" in out.stdout, out.stdout
+    assert f"pid {waiter_pid} waits" in out.stdout and "blocked by a prepared transaction" in out.stdout

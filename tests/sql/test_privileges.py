@@ -169,3 +169,18 @@ def test_pglockkit_grant_gives_and_takes_back_the_roles(server, db):
 def test_pglockkit_grant_refuses_unknown_and_group_roles(db, role):
     out = cli("grant", role, "--dsn", db.dsn)
     assert out.returncode == 2 and role in out.stderr, out.stderr
+
+
+def test_the_admin_role_can_list_the_dead_jobs_it_may_retry(db, as_role):
+    """pglockkit_admin is the operators' role: it alone may retry_dead_jobs(queue, ids), and
+    `pglockkit doctor` tells whoever reads a dead-jobs finding to "Inspect last_error (pglockkit
+    jobs QUEUE --status dead)". No role has table privileges (docs/install.md), and `pglockkit
+    jobs` (queue.jobs) selects from the table pglockkit.jobs, so an operator can neither read
+    last_error nor learn the ids to retry: 42501 permission denied for table jobs."""
+    as_role("ops")  # creates the roles
+    job = db.conn.execute("SELECT pglockkit.enqueue_job('mail', max_attempts => 1)").fetchone()[0]
+    claimed = db.conn.execute("SELECT id, token FROM pglockkit.claim_job('mail', 'w')").fetchone()
+    db.conn.execute("SELECT pglockkit.fail_job(%s, %s, 'smtp down')", claimed)
+    out = cli("jobs", "mail", "--status", "dead", "--dsn", make_conninfo(db.dsn, user="ops"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert str(job) in out.stdout and "smtp down" in out.stdout

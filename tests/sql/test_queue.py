@@ -1168,3 +1168,61 @@ def test_pruning_key_rows_during_racing_claims_and_enqueues_never_breaks_limits(
                                WHERE k.queue = j.queue AND k.key = j.concurrency_key)"""
     ).fetchone()[0]
     assert orphans == 0
+
+
+def _dead(conn, queue: str, dedup_key: str | None = None) -> int:
+    job = q.enqueue(conn, queue, {}, dedup_key=dedup_key, max_attempts=1)
+    assert q.fail(conn, q.claim(conn, queue, "w")[0], "smtp down") == "dead"
+    return job
+
+
+def test_retry_dead_jobs_queues_the_newest_dead_job_of_a_dedup_key_again(db):
+    """Dedup keys are unique among unfinished jobs only, so a key can die more than once (a daily
+    digest that fails each day). retry_dead_jobs failed as a whole on the unique index (23505),
+    leaving every dead job dead; now the newest dead job of each key is queued again."""
+    older, newer = _dead(db.conn, "digest", "digest:ana"), _dead(db.conn, "digest", "digest:ana")
+    other = _dead(db.conn, "digest")
+
+    assert db.conn.execute("SELECT pglockkit.retry_dead_jobs('digest')").fetchone()[0] == 2
+
+    assert [_status(db.conn, j) for j in (older, newer, other)] == [("dead", 1), ("queued", 0), ("queued", 0)]
+    # Asked for by id, the older one stays dead: its key has an unfinished job now.
+    assert db.conn.execute("SELECT pglockkit.retry_dead_jobs('digest', %s)", ([older],)).fetchone()[0] == 0
+    assert _status(db.conn, older) == ("dead", 1)
+
+
+def test_retry_dead_jobs_leaves_dead_a_job_whose_key_was_enqueued_again(db):
+    dead = _dead(db.conn, "digest", "digest:ana")
+    other = _dead(db.conn, "digest", "digest:bob")
+    again = q.enqueue(db.conn, "digest", {}, dedup_key="digest:ana")
+    assert db.conn.execute("SELECT pglockkit.retry_dead_jobs('digest')").fetchone()[0] == 1
+    assert [_status(db.conn, j) for j in (dead, again, other)] == [("dead", 1), ("queued", 0), ("queued", 0)]
+
+
+def test_retry_dead_jobs_racing_an_enqueue_of_the_same_key_retries_the_rest(db):
+    """An enqueue of a dead job's key, in flight when retry_dead_jobs checks the key, makes its
+    UPDATE wait and then fail on the unique index: the retry then goes job by job, and only that
+    job stays dead."""
+    dead = _dead(db.conn, "digest", "digest:ana")
+    others = [_dead(db.conn, "digest", f"digest:{n}") for n in ("bob", "cy")] + [_dead(db.conn, "digest")]
+    with db.connect() as producer, db.connect() as admin:
+        producer.execute("BEGIN")
+        again = q.enqueue(producer, "digest", {}, dedup_key="digest:ana")
+        result: list = []
+        thread = threading.Thread(
+            target=lambda: result.append(
+                admin.execute("SELECT pglockkit.retry_dead_jobs('digest')").fetchone()[0]
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not db.conn.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (admin.info.backend_pid,)
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "retry_dead_jobs never waited for the enqueue"
+            time.sleep(0.01)
+        producer.execute("COMMIT")
+        thread.join(10)
+    assert result == [3]
+    assert _status(db.conn, dead) == ("dead", 1) and _status(db.conn, again) == ("queued", 0)
+    assert [_status(db.conn, j) for j in others] == [("queued", 0)] * 3

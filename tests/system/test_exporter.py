@@ -130,6 +130,8 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
     db.conn.execute("SELECT pglockkit.enqueue_job('mail', '{}'::jsonb, run_at => now() + interval '1 hour')")
     db.conn.execute("SELECT pglockkit.claim_job('mail', 'w1', interval '5 minutes', 1)")
     db.conn.execute("SELECT pglockkit.acquire_lease('refresh', 'me', interval '1 minute')")
+    db.conn.execute("SELECT pglockkit.enqueue_job('held', '{}'::jsonb)")
+    db.conn.execute("SELECT pglockkit.pause_queue('held')")
     with db.connect() as holder, db.connect() as waiter:
         holder.execute("SELECT pglockkit.try_lock('billing', 'invoice:1')")  # held, then idle: a leak
         thread = threading.Thread(
@@ -156,6 +158,8 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
         assert value(samples, "pglockkit_queue_scheduled", queue="mail") == 1
         assert value(samples, "pglockkit_queue_running", queue="mail") == 1
         assert value(samples, "pglockkit_queue_lag_seconds", queue="mail") >= 1
+        assert value(samples, "pglockkit_queue_paused", queue="mail") == 0
+        assert value(samples, "pglockkit_queue_paused", queue="held") == 1
         assert value(samples, "pglockkit_leases_live") == 1
         assert value(samples, "pg_exporter_last_scrape_error") == 0
         holder.execute("SELECT pglockkit.unlock('billing', 'invoice:1')")

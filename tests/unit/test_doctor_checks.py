@@ -72,6 +72,14 @@ def test_queues_give_their_findings_queue_by_queue():
     assert [f.severity for f in findings] == ["warning", "warning", "info", "warning"]
 
 
+def test_a_paused_queues_expired_leases_wait_for_its_resume():
+    row = {"queue": "p", "ready": 3, "dead": 0, "expired_leases": 2, "oldest_ready_age": None}
+    rows = [{**row, "paused": True}]
+    checks = {f.check: f for f in check_queues(rows, timedelta(minutes=5))}
+    assert set(checks) == {"paused queue", "expired job leases"}
+    assert checks["expired job leases"].fix == "They are reclaimed when the queue is resumed (resume_queue)."
+
+
 def test_expired_leases_say_how_long_ago():
     rows = [{"name": "l", "holder": "h", "token": 3, "expired_for": timedelta(hours=2)}]
     [f] = check_expired_leases(rows)
