@@ -790,16 +790,30 @@ def runs(job: str | None, limit: int) -> Call[list[dict]]:
     )
 
 
-def run_event(event: str, job: str, slot: str, run_id: int | None) -> None:
-    """``run_once``'s log lines: skipped, started, failed, succeeded."""
+def run_event(
+    event: str, job: str, slot: str, run_id: int | None, error: BaseException | None = None
+) -> None:
+    """``run_once``'s log lines: skipped, started, failed, succeeded, and unrecorded (a failure
+    whose session was gone when it was to be recorded: ``error``)."""
     if event == "skipped":
         runs_log.info("run skipped job=%s slot=%s (already ran or running elsewhere)", job, slot)
+    elif event == "unrecorded":
+        runs_log.warning(
+            "run failed job=%s slot=%s id=%s and was not recorded, its session is gone (%s): the "
+            "next run_once of the slot runs it again",
+            job, slot, run_id, error,
+        )  # fmt: skip
     else:
         runs_log.info("run %s job=%s slot=%s id=%s", event, job, slot, run_id)
 
 
+def sql_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a NUL byte, which text cannot hold, written ``\\x00``."""
+    return text.replace("\x00", "\\x00")
+
+
 def run_failure_detail(exc: BaseException) -> str:
-    return f"{exc.__class__.__name__}: {exc}"
+    return sql_text(f"{exc.__class__.__name__}: {exc}")
 
 
 # --- schedules ------------------------------------------------------------------------------

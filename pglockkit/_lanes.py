@@ -115,7 +115,7 @@ ABORTED_BY_HANDLER = (
 
 
 def error_text(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return _calls.sql_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException | None = None) -> Outcome:

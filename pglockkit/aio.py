@@ -519,9 +519,9 @@ async def run_once(
 ) -> AsyncIterator[int | None]:
     """``pglockkit.run_once`` for async code: the run id if this process won the slot, else None;
     an exception records the run as failed."""
-    slot = slot or today_utc()
+    slot = today_utc() if slot is None else slot
     async with await connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
-        run_id = await start_run(conn, job, slot, holder or default_holder())
+        run_id = await start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)
             yield None
@@ -530,8 +530,12 @@ async def run_once(
         try:
             yield run_id
         except BaseException as exc:
-            await finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
-            _calls.run_event("failed", job, slot, run_id)
+            try:
+                await finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+            except psycopg.OperationalError as lost:  # the caller gets the body's exception
+                _calls.run_event("unrecorded", job, slot, run_id, lost)
+            else:
+                _calls.run_event("failed", job, slot, run_id)
             raise
         await finish_run(conn, run_id, True)
         _calls.run_event("succeeded", job, slot, run_id)

@@ -61,9 +61,9 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
     ...     if run is not None:
     ...         aggregate()
     """
-    slot = slot or today_utc()
+    slot = today_utc() if slot is None else slot
     with connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
-        run_id = start_run(conn, job, slot, holder or default_holder())
+        run_id = start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)
             yield None
@@ -72,8 +72,12 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
         try:
             yield run_id
         except BaseException as exc:
-            finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
-            _calls.run_event("failed", job, slot, run_id)
+            try:
+                finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+            except psycopg.OperationalError as lost:  # the caller gets the body's exception
+                _calls.run_event("unrecorded", job, slot, run_id, lost)
+            else:
+                _calls.run_event("failed", job, slot, run_id)
             raise
         finish_run(conn, run_id, True)
         _calls.run_event("succeeded", job, slot, run_id)

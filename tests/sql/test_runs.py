@@ -3,6 +3,7 @@ policy for a holder that dies (its run is re-run by the next start)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 import pglockkit
+import pglockkit.aio as aio
 from pglockkit import finish_run, start_run
 
 
@@ -270,3 +272,73 @@ def test_prune_runs_deletes_finished_runs_only(db):
         assert _history(a, "prune") == [("s3", "succeeded", 1)]
         # The documented consequence: the pruned slot s1 can be started again.
         assert start_run(a, "prune", "s1", "a") is not None
+
+
+def test_run_once_records_a_failure_whose_message_holds_nul_and_the_slot_does_not_rerun(db):
+    """A body's exception is recorded as the run's failure whatever its text holds: an error
+    message carrying a NUL byte (binary data in a ValueError, say) must not make the recording
+    fail, leave the run 'running' (abandoned once the connection closes), let the next pod run the
+    slot again, and replace the body's exception with a psycopg DataError."""
+
+    class BadRecord(Exception):
+        pass
+
+    with pytest.raises(BadRecord), pglockkit.run_once(db.dsn, "nul-detail", "2026-11-30") as run:
+        assert run is not None
+        raise BadRecord("unexpected bytes b'\x00\x01' in row 7")
+    assert _history(db.conn, "nul-detail") == [("2026-11-30", "failed", 1)]
+    with pglockkit.run_once(db.dsn, "nul-detail", "2026-11-30") as again:
+        assert again is None, "a failed slot ran again"
+
+
+def test_run_once_keeps_the_bodys_exception_when_its_connection_is_lost(db):
+    """If the run's connection dies while the body fails, the run cannot be recorded (the next
+    start_run re-runs it), but the caller still gets the body's own exception, not the driver's
+    AdminShutdown: sole_writer and Lease treat a lost session the same way on exit."""
+    with pytest.raises(ValueError, match="the body's own error"):
+        with pglockkit.run_once(db.dsn, "lost-conn", "2026-11-30") as run:
+            assert run is not None
+            pid = db.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pglockkit run lost-conn'"
+            ).fetchone()[0]
+            db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            raise ValueError("the body's own error")
+
+
+@pytest.mark.parametrize("empty", ["slot", "holder"])
+def test_run_once_refuses_an_empty_slot_or_holder_as_sql_does(db, empty):
+    """An empty slot ran today's slot, and an empty holder became this host's name: both are
+    refused (22023), as start_run and `pglockkit once --slot ''` refuse them."""
+    kwargs = {"slot": "2026-11-30", "holder": "pod-1", empty: ""}
+    with pytest.raises(pglockkit.InvalidArgument, match="must not be empty"):
+        with pglockkit.run_once(db.dsn, "empty-args", **kwargs):
+            pytest.fail("ran with an empty " + empty)
+
+    async def main():
+        with pytest.raises(pglockkit.InvalidArgument, match="must not be empty"):
+            async with aio.run_once(db.dsn, "empty-args", **kwargs):
+                pytest.fail("ran with an empty " + empty)
+
+    asyncio.run(main())
+    assert _history(db.conn, "empty-args") == []
+
+
+def test_async_run_once_records_a_nul_failure_and_keeps_the_bodys_exception_on_a_lost_session(db):
+    async def main():
+        with pytest.raises(ValueError, match="row 7"):
+            async with aio.run_once(db.dsn, "anul", "s1") as run:
+                assert run is not None
+                raise ValueError("bytes b'\x00' in row 7")
+        with pytest.raises(ValueError, match="the body's own error"):
+            async with aio.run_once(db.dsn, "alost", "s1") as run:
+                assert run is not None
+                db.conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = 'pglockkit run alost'"
+                )
+                raise ValueError("the body's own error")
+
+    asyncio.run(main())
+    assert _history(db.conn, "anul") == [("s1", "failed", 1)]
+    detail = db.conn.execute("SELECT detail FROM pglockkit.runs WHERE job = 'anul'").fetchone()[0]
+    assert detail == "ValueError: bytes b'\\x00' in row 7"

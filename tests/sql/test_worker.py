@@ -163,6 +163,38 @@ def test_a_handler_that_exits_or_meets_a_cancelled_task_fails_its_job_not_its_la
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_handler_error_whose_text_holds_nul_is_recorded(tables, asynchronous):
+    """PostgreSQL text cannot hold a NUL byte: an error message with one (binary data in a
+    ValueError) is recorded with the byte escaped, and the other jobs are done once."""
+    db = tables
+    bad, *rest = q.enqueue_many(db.conn, "w", [{"bad": True}] + [{}] * 4)
+
+    def handler(job, conn):
+        if job.payload.get("bad"):
+            raise ValueError("unexpected bytes b'\x00\x01' in row 7\x00")
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    async def ahandler(job, conn):
+        if job.payload.get("bad"):
+            raise ValueError("unexpected bytes b'\x00\x01' in row 7\x00")
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    if asynchronous:
+        done = asyncio.run(aio.Worker(db.dsn, "w", ahandler, lease=30, group=4).run(exit_when_idle=True))
+    else:
+        done = pglockkit.Worker(db.dsn, "w", handler, lease=30, group=4).run(exit_when_idle=True)
+    assert done == 5
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == sorted(rest)
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1)
+    assert error == "ValueError: unexpected bytes b'\\x00\x01' in row 7\\x00"  # NUL escaped
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
 def test_stop_during_an_outage_returns_at_once(tables, asynchronous):
     """stop() (SIGTERM) while the database refuses connections: the lanes went on retrying, each
     try waiting out the pool's timeout, and the listener reconnected in a tight loop (its pause
