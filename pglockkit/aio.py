@@ -259,7 +259,8 @@ async def prune_leases(conn: psycopg.AsyncConnection, older_than: float | timede
 
 
 class Lease(_LeaseState):
-    """``pglockkit.Lease`` for async code: renewed by an asyncio task, ``lost`` an ``asyncio.Event``.
+    """``pglockkit.Lease`` for async code: renewed by an asyncio task, ``lost`` an ``asyncio.Event``,
+    ``on_lost`` a function or a coroutine function (awaited).
 
     >>> async with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
     ...     if lease.acquired:
@@ -301,12 +302,25 @@ class Lease(_LeaseState):
             try:
                 ok = await renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
             except CALL_ERRORS as exc:
-                self._lose(_calls.renewal_error(exc))
+                await self._alose(_calls.renewal_error(exc))
                 await self._let_go()
                 return
             if not ok:  # renew_lease has let go of this session's key already
-                self._lose(_calls.RENEWAL_REFUSED)
+                await self._alose(_calls.RENEWAL_REFUSED)
                 return
+
+    async def _alose(self, reason: str) -> None:
+        """``_lose``, awaiting what ``on_lost`` returns if it is awaitable (an ``async def``)."""
+        self._record_loss(reason)
+        try:
+            if self.on_lost is not None:
+                result = self.on_lost(self)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            _calls.leases_log.exception("lease %s: on_lost raised", self.name)
+        finally:
+            self.lost.set()
 
     async def _let_go(self) -> None:
         """``pglockkit.Lease._let_go``: release with the lost token, best effort."""
@@ -317,9 +331,9 @@ class Lease(_LeaseState):
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._task is not None:
-            await self._task
         try:
+            if self._task is not None:
+                await self._task
             if self.acquired and not self.lost.is_set():
                 await release_lease(self._conn, self.name, self.holder, self.token)
                 _calls.lease_release_event(self.name, self.holder, self.token)

@@ -113,14 +113,20 @@ class _LeaseState:
             raise RuntimeError(f"lease {self.name!r} was not acquired")
         return self.token
 
-    def _lose(self, reason: str) -> None:
-        """Record the loss, call ``on_lost``, then set ``lost``: whoever waits on the event sees
-        what the callback did. The event is set even if the callback raises."""
+    def _record_loss(self, reason: str) -> None:
         self.lost_reason = reason
         _calls.lease_lost_event(self.name, self.holder, self.token, reason)
+
+    def _lose(self, reason: str) -> None:
+        """Record the loss, call ``on_lost``, then set ``lost``: whoever waits on the event sees
+        what the callback did. A callback that raises is logged, and the lease goes on to let go
+        of what it holds."""
+        self._record_loss(reason)
         try:
             if self.on_lost is not None:
                 self.on_lost(self)
+        except Exception:
+            _calls.leases_log.exception("lease %s: on_lost raised", self.name)
         finally:
             self.lost.set()
 
