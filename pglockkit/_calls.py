@@ -564,7 +564,9 @@ def release_lease(name: str, holder: str, token: int) -> Call[bool]:
     return Call("SELECT pglockkit.release_lease(%s, %s, %s)", (name, holder, token))
 
 
-def check_fence(name: str, token: int) -> Call[None]:
+def check_fence(conn: AnyConnection, name: str, token: int) -> Call[None]:
+    # It holds the lease's row until the transaction ends: that is what fences the write after it.
+    require_transaction(conn, "check_fence")
     return Call("SELECT pglockkit.check_fence(%s, %s)", (name, token), decode=_nothing)
 
 

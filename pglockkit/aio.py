@@ -250,7 +250,7 @@ async def release_lease(conn: psycopg.AsyncConnection, name: str, holder: str, t
 
 async def check_fence(conn: psycopg.AsyncConnection, name: str, token: int) -> None:
     """In the writer's transaction: ``StaleToken`` unless ``token`` is the live lease's."""
-    await _calls.arun(conn, _calls.check_fence(name, token))
+    await _calls.arun(conn, _calls.check_fence(conn, name, token))
 
 
 async def prune_leases(conn: psycopg.AsyncConnection, older_than: float | timedelta) -> int:

@@ -52,7 +52,7 @@ def release_lease(conn: psycopg.Connection, name: str, holder: str, token: int) 
 def check_fence(conn: psycopg.Connection, name: str, token: int) -> None:
     """Inside the writer's transaction, before it writes: raises ``StaleToken`` unless ``token``
     is the live lease's, and holds the lease until the transaction ends."""
-    _calls.run(conn, _calls.check_fence(name, token))
+    _calls.run(conn, _calls.check_fence(conn, name, token))
 
 
 def prune_leases(conn: psycopg.Connection, older_than: float | timedelta) -> int:

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from scenarios import backwards_interval, lease_contenders
 
 import pglockkit
@@ -708,3 +709,106 @@ def test_binding_again_retakes_a_session_key_this_backend_let_go_of(db, advisory
         assert acquire_lease(holder, "let-go", "h", 60, bind_session=True) == token
         assert advisory_locks(db.conn, holder.info.backend_pid, granted_only=True) == 1
         assert acquire_lease(rival, "let-go", "rival", 60) is None
+
+
+def _lease_live(conn, name):
+    return conn.execute("SELECT live FROM pglockkit.lease_status WHERE name = %s", (name,)).fetchone()[0]
+
+
+def _raising_alert(lease):
+    raise RuntimeError("the pager is down")
+
+
+def test_python_lease_lets_go_of_a_lost_lease_even_when_on_lost_raises(db):
+    """A renewal that raised on a healthy connection (here: lock_timeout while a writer's
+    check_fence holds the row) loses the lease, and the lease then lets go of the row: releasing
+    it with the lost token frees it for the next holder at once instead of after the ttl. An
+    on_lost callback that raises must not skip that (the docstring: the event is set even if the
+    callback raises)."""
+    dsn = make_conninfo(db.dsn, options="-c lock_timeout=300")
+    with Lease(dsn, "alerting", ttl=30, holder="me", renew_every=0.2, on_lost=_raising_alert) as lease:
+        with db.connect() as writer:
+            with writer.transaction():
+                check_fence(writer, "alerting", lease.token)  # the renewal waits for this row
+                assert lease.lost.wait(3), "loss was not signalled"
+            assert "renewal failed" in lease.lost_reason
+            deadline = time.monotonic() + 2
+            while _lease_live(db.conn, "alerting"):
+                assert time.monotonic() < deadline, (
+                    "the lost lease is still held: it blocks others for its ttl"
+                )
+                time.sleep(0.05)
+
+
+def test_async_lease_closes_its_connection_and_lets_go_even_when_on_lost_raises(db):
+    """aio.Lease with an on_lost that raises: leaving the block must not re-raise the callback's
+    error (the sync Lease does not), and must close the lease's connection and let go of the lease,
+    as it does when the callback returns."""
+    dsn = make_conninfo(db.dsn, options="-c lock_timeout=300")
+    raised = []
+
+    async def main():
+        try:
+            async with aio.Lease(
+                dsn, "aalerting", ttl=30, holder="me", renew_every=0.2, on_lost=_raising_alert
+            ) as lease:
+                with db.connect() as writer:
+                    with writer.transaction():
+                        check_fence(writer, "aalerting", lease.token)
+                        await asyncio.wait_for(lease.lost.wait(), 3)
+                    await asyncio.sleep(0.5)
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    asyncio.run(main())
+    sessions = db.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit lease aalerting'"
+    ).fetchone()[0]
+    assert sessions == 0, "the lease's connection was left open after the block"
+    assert not _lease_live(db.conn, "aalerting"), "the lost lease is still held until its ttl"
+    assert raised == [], f"leaving the block raised the on_lost callback's error: {raised}"
+
+
+def test_async_lease_awaits_a_coroutine_on_lost(db):
+    """aio.Lease is the asyncio twin of Lease; an `async def` on_lost is what async code passes.
+    Called without being awaited, it never runs (only a 'never awaited' RuntimeWarning shows)."""
+    called = []
+
+    async def on_lost(lease):
+        called.append(lease)
+
+    async def main():
+        async with aio.Lease(db.dsn, "acallback", ttl=0.6, holder="me", on_lost=on_lost) as lease:
+            db.conn.execute("SELECT pg_terminate_backend(%s)", (lease._conn.info.backend_pid,))
+            await asyncio.wait_for(lease.lost.wait(), 3)
+            await asyncio.sleep(0.1)
+            assert called == [lease], "the async on_lost callback never ran"
+
+    asyncio.run(main())
+
+
+def test_check_fence_refuses_an_autocommit_connection_outside_a_transaction(db):
+    """check_fence "holds the lease until the transaction ends", which is what fences the write
+    after it. On an autocommit connection outside a transaction the check is its own transaction:
+    the row lock ends with it, a rival takes over the expired lease at once, and the write that
+    follows commits under a stale token. The lock helpers refuse this same mistake (an autocommit
+    statement would release the lock at once); check_fence, sync and async, must too."""
+    token = acquire_lease(db.conn, "fenced-write", "me", 0.3)
+    with db.connect() as writer:  # autocommit, no transaction open
+        checked = True
+        try:
+            check_fence(writer, "fenced-write", token)
+        except ValueError:
+            checked = False
+        if checked:  # what the check was supposed to prevent
+            time.sleep(0.35)
+            with db.connect() as rival:
+                assert acquire_lease(rival, "fenced-write", "rival", 10) is not None  # no wait
+        assert not checked, "check_fence ran outside a transaction: it fenced nothing"
+
+    async def main():
+        async with await aio.connect(db.dsn, autocommit=True) as conn:
+            with pytest.raises(ValueError, match="transaction"):
+                await aio.check_fence(conn, "fenced-write", token)
+
+    asyncio.run(main())
