@@ -1,7 +1,8 @@
 """pglockkit's exceptions, mapped from SQLSTATE so callers never parse message text.
 
 Every class keeps the psycopg error it came from as ``__cause__`` and exposes ``sqlstate``
-and the server's ``hint``.
+and the server's ``detail`` and ``hint``; the message ends with the detail (a lock timeout's
+"Held by pid N."), as psycopg's own does.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ class PglockkitError(Exception):
 
     sqlstate: str | None = None
 
-    def __init__(self, message: str, *, sqlstate: str | None = None, hint: str | None = None):
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, sqlstate: str | None = None, hint: str | None = None, detail: str | None = None
+    ):
+        super().__init__(f"{message}\nDETAIL: {detail}" if detail else message)
         if sqlstate is not None:
             self.sqlstate = sqlstate
         self.hint = hint
+        self.detail = detail
 
 
 class InvalidArgument(PglockkitError, ValueError):
@@ -163,7 +167,9 @@ def from_psycopg(exc: psycopg.Error) -> PglockkitError | psycopg.Error:
     diag = exc.diag
     if cls is UnknownObject:
         cls = _UNKNOWN_BY_TABLE.get((diag.schema_name or "", diag.table_name or ""), UnknownObject)
-    mapped = cls(diag.message_primary or str(exc), sqlstate=exc.sqlstate, hint=diag.message_hint)
+    primary = diag.message_primary  # without it, str(exc) has the detail already
+    detail = diag.message_detail if primary else None
+    mapped = cls(primary or str(exc), sqlstate=exc.sqlstate, hint=diag.message_hint, detail=detail)
     mapped.__cause__ = exc
     return mapped
 

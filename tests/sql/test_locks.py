@@ -602,3 +602,21 @@ def test_bad_input_is_rejected_and_takes_no_lock(db, ns, call, sqlstate, message
         conn.execute("ROLLBACK")
         assert advisory_locks(db.conn, conn.info.backend_pid) == 0
     assert db.conn.execute("SELECT * FROM pglockkit.namespaces ORDER BY id").fetchall() == registry
+
+
+def test_a_lock_timeout_names_the_holder_in_its_own_message(db, ns):
+    """locks.md: "A timeout names the holder". The server's 55P03 says who in its DETAIL, and
+    psycopg's own exception text shows it; the LockTimeout the helpers raise instead kept only
+    the primary message, so `str(exc)` (what a log line or an HTTP 503 body shows) lost the pid.
+    Checked on the cached-key path, the first-call SQL path and xact_lock_all."""
+    with db.connect() as holder, db.connect() as waiter:
+        with holder.transaction():
+            pglockkit.xact_lock(holder, ns, "invoice:9")
+            pid = holder.info.backend_pid
+            for attempt in ("first call (SQL function)", "cached key (_xact_lock)"):
+                with pytest.raises(pglockkit.LockTimeout) as err, waiter.transaction():
+                    pglockkit.xact_lock(waiter, ns, "invoice:9", timeout=0.1)
+                assert f"Held by pid {pid}" in str(err.value), (attempt, str(err.value))
+            with pytest.raises(pglockkit.LockTimeout) as err, waiter.transaction():
+                pglockkit.xact_lock_all(waiter, ns, ["invoice:1", "invoice:9"], timeout=0.1)
+            assert f"Held by pid {pid}" in str(err.value), str(err.value)
