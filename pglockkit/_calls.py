@@ -471,6 +471,9 @@ def refuse_pooler(
     return Call("SELECT pg_backend_pid()", decode=decode)
 
 
+# What `pglockkit once` says through a pooler.
+ONCE_POOLER = ("pglockkit once", "run it where it reaches PostgreSQL directly")
+
 # What Lease(bind_session=True) says through a pooler: the session key would stay on a pooled
 # server session, so the lease would not end with its holder's connection.
 BOUND_LEASE = ("Lease(bind_session=True)", "leave bind_session off (the lease then ends with its ttl)")

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from psycopg.pq import TransactionStatus
 
@@ -161,6 +161,8 @@ class Settings:
     exactly_once: bool
     tick_schedules: bool = True
 
+    MAX_WAIT: ClassVar[float] = 86400.0  # a day: the longest poll, group time or reconnect pause
+
     @classmethod
     def checked(
         cls,
@@ -177,6 +179,9 @@ class Settings:
         exactly_once: bool,
         tick_schedules: bool = True,
     ) -> Settings:
+        if not isinstance(queue, str) or not queue:
+            # claim_job refuses it (22023): every claim would fail, retried for ever.
+            raise ValueError(f"queue must be a non-empty name, got {queue!r}")
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         if not isinstance(batch, int) or not 1 <= batch <= 1000:
@@ -186,16 +191,22 @@ class Settings:
                 f"group must be between 1 and {MAX_GROUP} jobs, got {group!r} (a savepoint per job; "
                 f"past {MAX_GROUP} the server tracks a transaction's subtransactions the slow way)"
             )
-        if group_time < 0:
-            raise ValueError(f"group_time must not be negative, got {group_time!r}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
+        # Finite, as well: a NaN passes any comparison's negation, and an idle lane spun on it (or,
+        # waiting an infinite poll_interval, died of OverflowError in Condition.wait).
+        if not 0 <= group_time <= cls.MAX_WAIT:
+            raise ValueError(f"group_time must be 0 to {cls.MAX_WAIT:g} seconds, got {group_time!r}")
+        if not 0 < poll_interval <= cls.MAX_WAIT:
+            raise ValueError(
+                f"poll_interval must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {poll_interval!r}"
+            )
         job_lease = _calls.seconds(lease)
         if not timedelta(0) < job_lease <= MAX_LEASE:
             # claim_job refuses it (22023, 22003): every claim would fail, retried for ever.
             raise ValueError(f"lease must be more than 0 and at most 7 days, got {job_lease}")
-        if reconnect_cap <= 0:
-            raise ValueError(f"reconnect_cap must be positive, got {reconnect_cap!r}")
+        if not 0 < reconnect_cap <= cls.MAX_WAIT:
+            raise ValueError(
+                f"reconnect_cap must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {reconnect_cap!r}"
+            )
         return cls(
             queue,
             name,

@@ -47,6 +47,9 @@ class Once:
             # The slot's lock lives as long as this session: have the server end it (and free the
             # slot) within a bounded time if this host vanishes, as sole_writer does.
             set_server_keepalives(conn)
+            # The slot's lock is a session lock: behind a pooler it stays on a server session that
+            # others use, and the outcome may be recorded from another (refused, as sole_writer).
+            _calls.run(conn, _calls.refuse_pooler(conn, *_calls.ONCE_POOLER))
             run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
             if run_id is None:
                 _calls.run_event("skipped", self.job, self.slot, None)
@@ -67,7 +70,15 @@ class Once:
                 if self.received:
                     names = ", ".join(sorted({signal.Signals(s).name for s in self.received}))
                     detail = f"{detail + '; ' if detail else ''}pglockkit once received {names}"
-                runs.finish_run(conn, run_id, ok, detail)
+                if not runs.finish_run(conn, run_id, ok, detail):
+                    # This session no longer holds the slot (its lock was let go of by hand, or
+                    # another attempt took the run over): the outcome is not this run's to record.
+                    print(
+                        f"pglockkit once: {self.job}/{self.slot}: the outcome (exit status {code}) was not "
+                        "recorded: this session no longer holds the slot, which may run again",
+                        file=sys.stderr,
+                    )
+                    return code or 1
                 _calls.run_event("succeeded" if ok else "failed", self.job, self.slot, run_id)
                 return code
             finally:

@@ -250,14 +250,18 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """Tick every `--every` seconds until SIGTERM/SIGINT (the tick in progress finishes)."""
     import signal
-    import threading
 
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    # The handler only sets a flag: a threading.Event's set() takes a lock that the interrupted
+    # wait() may hold, and the scheduler could deadlock on its own signal.
+    stopping: list[int] = []
+    previous = {
+        s: signal.signal(s, lambda signum, _: stopping.append(signum))
+        for s in (signal.SIGTERM, signal.SIGINT)
+    }
     total = 0
     conn = None
     try:
-        while not stop.is_set():
+        while not stopping:
             try:
                 if conn is None or conn.closed:
                     conn = connect(_dsn(args), autocommit=True, application_name="pglockkit scheduler")
@@ -272,7 +276,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                 conn = None
             if args.once:
                 break
-            stop.wait(args.every)
+            until = time.monotonic() + args.every
+            while not stopping and (left := until - time.monotonic()) > 0:
+                time.sleep(min(left, 0.1))
     finally:
         if conn is not None:
             conn.close()
@@ -425,6 +431,14 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A pause in seconds: a positive number, at most a day."""
+    value = _positive_float(text)
+    if value > 86400:
+        raise argparse.ArgumentTypeError(f"must be at most 86400 seconds (a day), got {text!r}")
     return value
 
 
@@ -587,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGTERM or SIGINT stops it after the tick in progress. Needs only pglockkit_user.",
     )
     p.add_argument(
-        "--every", type=float, default=1.0, metavar="SECONDS", help="seconds between ticks (default 1)"
+        "--every", type=_seconds, default=1.0, metavar="SECONDS", help="seconds between ticks (default 1)"
     )
     p.add_argument("--once", action="store_true", help="tick once and exit")
     p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
@@ -781,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[conn_opts],
     )
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="refresh (default 2)")
+    p.add_argument("--interval", type=_seconds, default=2.0, metavar="SECONDS", help="refresh (default 2)")
     p = add(
         "sample",
         cmd_sample,
@@ -837,10 +851,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `pglockkit once JOB [options] -- COMMAND ...`: the command is everything after the first --,
     # options included, so it is split off before argparse sees it.
+    # Any other command gets its -- from argparse: what follows it is operands (a payload, say).
+    # (The command is the first word that is not an option: the top level's only option is -v.)
     run_command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, run_command = argv[:cut], argv[cut + 1 :]
+        if next((a for a in argv[:cut] if not a.startswith("-")), None) == "once":
+            argv, run_command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
     args.run_command = run_command
     if args.command == "rate-limit":
@@ -851,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except PglockkitError as exc:
-        print(f"pglockkit: error [{exc.sqlstate}]: {exc}", file=sys.stderr)
+        state = f" [{exc.sqlstate}]" if exc.sqlstate else ""  # PoolerDetected has none
+        print(f"pglockkit: error{state}: {exc}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ uninstalling leaves nothing behind.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import DatabaseURI
 
 from pglockkit.connection import connect
-from pglockkit.errors import DependentObjects, PreReleaseInstall
+from pglockkit.errors import DependentObjects, LockTimeout, PreReleaseInstall
 from pglockkit.keys import lock_key, namespace_id
 
 log = logging.getLogger("pglockkit.install")
@@ -79,8 +80,15 @@ def _bookkeeping(ids: list[str]) -> str:
     )
 
 
+# How long one statement of a migration waits for a lock (the migration is then rolled back and
+# tried again after a pause): a migration waiting for a table that a long transaction uses (a job
+# handler's) queues every later user of that table behind it, claims of every queue included.
+MIGRATION_LOCK_WAIT_MS = 500
+
+
 def _backend(dsn: str):
     args = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    args["options"] = f"{args.get('options', '')} -c lock_timeout={MIGRATION_LOCK_WAIT_MS}".strip()
     args["schema"] = MIGRATIONS_SCHEMA
     uri = DatabaseURI("postgresql+psycopg", None, None, None, None, args.pop("dbname", None), args)
     backend = get_backend_class("postgresql+psycopg")(uri, "_yoyo_migration")
@@ -161,9 +169,7 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
                 with conn.transaction():
                     conn.execute(render_schema() + _bookkeeping([m.id for m in migrations]))
             adopted = _adopt_bundle(conn, backend, migrations)
-            with backend.lock():
-                pending = backend.to_apply(migrations)
-                backend.apply_migrations(pending)
+            pending = _apply_waiting_briefly(backend, migrations, time.monotonic() + lock_timeout_s)
             conn.execute("SELECT pglockkit._grant_privileges()")
         finally:
             backend.connection.close()
@@ -176,6 +182,37 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
     for mid in applied:
         log.info("applied migration %s", mid)
     return applied
+
+
+def _apply_waiting_briefly(backend, migrations, deadline: float) -> list:
+    """Apply what is pending; returns it. A migration whose statement waited its lock out
+    (``MIGRATION_LOCK_WAIT_MS``) was rolled back whole; it is tried again after a growing pause,
+    until ``deadline``, then ``LockTimeout``."""
+    pause, pending = 0.1, None
+    while True:
+        try:
+            with backend.lock():
+                left = backend.to_apply(migrations)
+                pending = left if pending is None else pending
+                backend.apply_migrations(left)
+            return pending
+        except psycopg.errors.LockNotAvailable as exc:
+            waiting = backend.to_apply(migrations)
+            if time.monotonic() + pause > deadline:
+                raise LockTimeout(
+                    f"migration {waiting[0].id if waiting else '?'} could not take a lock it needs: "
+                    f"another transaction held it, tried for the install's lock_timeout_s; that "
+                    "migration and the ones after it were not applied",
+                    sqlstate="55P03",
+                    hint="A long transaction on pglockkit's tables holds it (a job handler's, or a "
+                    "session idle in transaction: SELECT * FROM pglockkit.lock_waits). Run install "
+                    "again once it has ended, or with a longer lock timeout.",
+                ) from exc
+            log.warning(
+                "a migration waits for a lock held by another transaction; trying again in %.1fs", pause
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def _refuse_unknown_migrations(conn: psycopg.Connection, migrations) -> None:
@@ -197,19 +234,11 @@ class MigrationState:
 
 
 def status(dsn: str = "") -> list[MigrationState]:
-    """Every known migration, in order, and whether it is applied to the database."""
+    """Every known migration, in order, and whether it is applied to the database: recorded by
+    ``install`` or by ``sql/pglockkit.sql`` (a psql install). Reads only."""
     with connect(dsn, autocommit=True) as conn:
-        has_schema = conn.execute(
-            "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %s)", (MIGRATIONS_SCHEMA,)
-        ).fetchone()[0]
-    migrations = _migrations()
-    if not has_schema:
-        return [MigrationState(m.id, False) for m in migrations]
-    backend = _backend(dsn)
-    try:
-        return [MigrationState(m.id, backend.is_applied(m)) for m in migrations]
-    finally:
-        backend.connection.close()
+        applied = set(_applied_migrations(conn))
+    return [MigrationState(m.id, m.id in applied) for m in _migrations()]
 
 
 ROLES = ("pglockkit_user", "pglockkit_admin")

@@ -154,3 +154,15 @@ def test_pause_resume_and_rate_limit_commands_and_what_top_and_doctor_show(db):
     out = run("rate-limit", "remove", "mail", "smtp", "--dsn", db.dsn)
     assert out.stdout.strip() == "queue mail, key smtp: limit removed"
     assert run("rate-limit", "list", "mail", "--dsn", db.dsn).stdout.count("\n") == 1  # the header
+
+
+def test_what_follows_a_double_dash_is_not_dropped_by_commands_other_than_once(db):
+    """main() cuts argv at the first `--` for `once`'s command, for every command: `pglockkit
+    enqueue q -- '{"a": 1}'` (the POSIX way to pass an operand) enqueued a job with payload {} and
+    exit status 0. Either the payload is the job's, or it is a usage error and nothing is enqueued."""
+    out = run("enqueue", "ddq", "--dsn", db.dsn, "--", '{"a": 1}')
+    payloads = [r[0] for r in db.conn.execute("SELECT payload FROM pglockkit.jobs WHERE queue = 'ddq'")]
+    if out.returncode == 0:
+        assert payloads == [{"a": 1}], f"the payload after -- was dropped: {payloads}"
+    else:
+        assert out.returncode == 2 and payloads == []

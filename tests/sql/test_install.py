@@ -482,3 +482,119 @@ def test_search_path_hijack_does_not_reach_the_inlined_lock_calls(db):
         assert one(db.conn, "SELECT pglockkit.try_xact_lock('billing', 'invoice:7')") is False
         db.conn.execute("ROLLBACK")
         assert one(db.conn, "SELECT pglockkit.try_lock('billing', 'invoice:7')") is False
+
+
+@pytest.mark.parametrize("upto", ALL[:-1])
+def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, upto):
+    """Jobs (claimed, keyed, rate-limited, in a paused queue), leases (bound and not), runs and
+    schedules written under an earlier version, with their sessions still open across the upgrade,
+    keep working after `install` upgrades the database."""
+    dsn = server.dsn(server.create_database())
+    _apply_chain(dsn, upto=upto)
+    at = int(upto[:4])
+    with psycopg.connect(dsn, autocommit=True) as s:  # a session that lives across the upgrade
+        q = lambda sql, *a: s.execute(sql, a).fetchone()  # noqa: E731
+        q("SELECT pglockkit.register_namespace('app')")
+        assert q("SELECT pglockkit.try_lock('app', 'r')")[0] is True
+        keyed = [
+            q("SELECT pglockkit.enqueue_job('q', '{}', concurrency_key => 'k', concurrency_limit => 1)")[0]
+            for _ in range(2)
+        ]
+        claimed = s.execute("SELECT id, token FROM pglockkit.claim_job('q', 'w', '1 minute')").fetchall()
+        assert [c[0] for c in claimed] == keyed[:1]
+        free = q("SELECT pglockkit.acquire_lease('free', 'h', '1 minute')")[0]
+        bound = q("SELECT pglockkit.acquire_lease('bound', 'h', '1 minute', true)")[0]
+        run = q("SELECT pglockkit.start_run('nightly', 's1', 'pod')")[0]
+        if at >= 3:
+            q("SELECT pglockkit.schedule('sch', '* * * * *', 'sq')")
+        if at >= 4:
+            q("SELECT pglockkit.set_rate_limit('rq', 'api', 1, '1 hour')")
+            for _ in range(2):
+                q("SELECT pglockkit.enqueue_job('rq', '{}', rate_key => 'api')")
+            q("SELECT pglockkit.pause_queue('pq')")
+            q("SELECT pglockkit.enqueue_job('pq', '{}')")
+
+        pglockkit.install(dsn)
+
+        assert q("SELECT pglockkit.complete_job(%s, %s)", *claimed[0])[0] is True
+        again = s.execute("SELECT id FROM pglockkit.claim_job('q', 'w', '1 minute')").fetchall()
+        assert [r[0] for r in again] == keyed[1:], "the key's running count survived the upgrade"
+        assert q("SELECT pglockkit.renew_lease('free', 'h', %s, '1 minute')", free)[0] is True
+        assert q("SELECT pglockkit.renew_lease('bound', 'h', %s, '1 minute')", bound)[0] is True
+        assert q("SELECT pglockkit.finish_run(%s, true)", run)[0] is True
+        q("SELECT pglockkit.unlock('app', 'r')")
+        if at >= 3:
+            assert q("SELECT count(*) FROM pglockkit.schedules WHERE name = 'sch'")[0] == 1
+            due = "date_trunc('minute', now()) - interval '1 minute'"
+            s.execute(f"UPDATE pglockkit.job_schedules SET next_run = {due}")
+            assert q("SELECT pglockkit.tick_schedules()")[0] == 1
+        if at >= 4:
+            rq = s.execute("SELECT * FROM pglockkit.claim_job('rq', 'w', '1 minute', 10)").fetchall()
+            assert len(rq) == 1, "the rate limit survived the upgrade"
+            assert s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall() == []
+            q("SELECT pglockkit.resume_queue('pq')")
+            assert len(s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall()) == 1
+    _kit_works(dsn)
+
+
+def test_an_upgrade_blocked_by_a_long_worker_transaction_does_not_stall_every_claim(server):
+    """0004 alters pglockkit.jobs. A worker whose handler runs in a transaction (handler(job, conn))
+    holds a lock on jobs until it commits; an upgrade that waits for that lock without a timeout
+    queues every other claimer behind it, of every queue, for as long as the handler runs, and
+    `install(lock_timeout_s=...)` does not bound the wait."""
+    dsn = server.dsn(server.create_database())
+    _apply_chain(dsn, upto="0003_schedules")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pglockkit.enqueue_job('slow', '{}')")
+        conn.execute("SELECT pglockkit.enqueue_job('other', '{}')")
+    handler = psycopg.connect(dsn)  # a handler's transaction: its claim, its writes, not committed yet
+    handler.execute("SELECT * FROM pglockkit.claim_job('slow', 'w1', '1 minute')").fetchall()
+    outcome: list = []
+
+    def upgrade():
+        try:
+            outcome.append(pglockkit.install(dsn, lock_timeout_s=2))
+        except Exception as exc:  # what it raised is the finding
+            outcome.append(exc)
+
+    t = threading.Thread(target=upgrade, daemon=True)
+    t.start()
+    try:
+        time.sleep(1.5)  # the upgrade is now waiting for the handler's lock on jobs
+        with psycopg.connect(dsn, autocommit=True) as other:
+            other.execute("SET statement_timeout = '5s'")
+            started = time.monotonic()
+            try:
+                other.execute("SELECT * FROM pglockkit.claim_job('other', 'w2', '1 minute')").fetchall()
+                blocked = None
+            except psycopg.errors.QueryCanceled as exc:
+                blocked = exc
+            waited = time.monotonic() - started
+        t.join(15)
+        assert blocked is None, f"a claim of another queue waited {waited:.1f}s behind the upgrade"
+        assert not t.is_alive(), "install is still waiting for the handler's transaction after 15 s"
+    finally:
+        handler.rollback()
+        handler.close()
+        t.join(60)
+    [error] = outcome
+    assert isinstance(error, pglockkit.LockTimeout) and error.sqlstate == "55P03", error
+    assert "migration 0004_rate_limits_and_pause could not take a lock" in str(error)
+    assert "pglockkit.lock_waits" in error.hint
+    # Nothing of 0004 was applied; once the handler's transaction has ended, install finishes.
+    assert pglockkit.install(dsn) == [m for m in ALL if m > "0003_schedules"]
+    _kit_works(dsn)
+
+
+def test_status_of_a_bundle_install_shows_every_migration_applied(server):
+    """After `psql -f sql/pglockkit.sql` the whole schema is installed and the bundle records the
+    migrations it stands for (uninstall reads them); `pglockkit status` read only yoyo's table and
+    said "0 applied, 13 pending"."""
+    dsn = server.dsn(server.create_database())
+    _psql_file(server, dsn, BUNDLE)
+    states = pglockkit.status(dsn)
+    assert [s.id for s in states if not s.applied] == []
+    cli = subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", "status", "--dsn", dsn], capture_output=True, text=True
+    )
+    assert f"{len(ALL)} applied, 0 pending" in cli.stdout

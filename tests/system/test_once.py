@@ -208,3 +208,21 @@ def test_ctrl_c_in_a_terminal_reaches_the_command_once(db, tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0
     assert _read(marker).count("signal") == 1
     assert _history(db.conn, "nightly") == [("s", "succeeded", 1)]
+
+
+def test_an_outcome_it_cannot_record_is_an_error_not_a_success(db, tmp_path):
+    """finish_run answers false when this session no longer holds the slot (here the run row is
+    made another attempt's, as a takeover would leave it): the outcome is not recorded and the slot
+    may run again, so once says so and exits 1, not with the command's 0."""
+    go = tmp_path / "go"
+    proc = _once(
+        db.dsn, "unrecorded", "--slot", "s", "--",
+        sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)",
+    )  # fmt: skip
+    _wait_for(lambda: _history(db.conn, "unrecorded") == [("s", "running", 1)], "the run to start")
+    db.conn.execute("UPDATE pglockkit.runs SET holder_pid = -1 WHERE job = 'unrecorded'")
+    go.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "the outcome (exit status 0) was not recorded" in err
+    assert _history(db.conn, "unrecorded")[0][1] != "succeeded"

@@ -11,6 +11,8 @@ one leaks them to the next client.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -362,4 +364,23 @@ def test_session_pooling_without_reset_query_leaks_the_lock_to_the_next_client(d
         assert _server_pid(heir) == s1  # the next client gets that server session, lock included
         assert heir.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]  # re-entrant
         heir.execute("SELECT pglockkit.unlock(%s, 'tick'), pglockkit.unlock(%s, 'tick')", (NS, NS))
+    assert _held(db) == []
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "session"])
+def test_once_refuses_a_pooler_before_it_runs_the_command(db, bouncer, tmp_path, pool_mode):
+    """`pglockkit once` holds the slot with a session lock. Through transaction pooling that lock
+    stayed on a server session that went back to the pool while the command ran; the finish landed
+    on another session, was refused (false), and once exited 0 with the run left 'running', so the
+    slot ran again once that server session closed. Now it refuses a pooler, as sole_writer does."""
+    b = bouncer(pool_mode)
+    marker = tmp_path / "ran"
+    out = subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", "once", "nightly", "--slot", "s1", "--dsn", b.dsn(), "--",
+         sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1 and not marker.exists(), out.stderr
+    assert "pglockkit once needs a direct connection" in out.stderr and "[None]" not in out.stderr
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.runs").fetchone()[0] == 0
     assert _held(db) == []
