@@ -169,7 +169,7 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
                 with conn.transaction():
                     conn.execute(render_schema() + _bookkeeping([m.id for m in migrations]))
             adopted = _adopt_bundle(conn, backend, migrations)
-            pending = _apply_waiting_briefly(backend, migrations, time.monotonic() + lock_timeout_s)
+            pending = _apply_waiting_briefly(backend, migrations, lock_timeout_s)
             conn.execute("SELECT pglockkit._grant_privileges()")
         finally:
             backend.connection.close()
@@ -184,11 +184,11 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
     return applied
 
 
-def _apply_waiting_briefly(backend, migrations, deadline: float) -> list:
+def _apply_waiting_briefly(backend, migrations, timeout_s: float) -> list:
     """Apply what is pending; returns it. A migration whose statement waited its lock out
     (``MIGRATION_LOCK_WAIT_MS``) was rolled back whole; it is tried again after a growing pause,
-    until ``deadline``, then ``LockTimeout``."""
-    pause, pending = 0.1, None
+    for ``timeout_s`` in all, then ``LockTimeout``."""
+    deadline, pause, pending = time.monotonic() + timeout_s, 0.1, None
     while True:
         try:
             with backend.lock():
@@ -201,8 +201,8 @@ def _apply_waiting_briefly(backend, migrations, deadline: float) -> list:
             if time.monotonic() + pause > deadline:
                 raise LockTimeout(
                     f"migration {waiting[0].id if waiting else '?'} could not take a lock it needs: "
-                    f"another transaction held it, tried for the install's lock_timeout_s; that "
-                    "migration and the ones after it were not applied",
+                    f"another transaction held it for the {timeout_s:g} s the install waits "
+                    "(lock_timeout_s); that migration and the ones after it were not applied",
                     sqlstate="55P03",
                     hint="A long transaction on pglockkit's tables holds it (a job handler's, or a "
                     "session idle in transaction: SELECT * FROM pglockkit.lock_waits). Run install "
