@@ -902,9 +902,11 @@ BEGIN
             HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
     END IF;
     -- Positive as an interval (a month is 30 days there) and in effect: now + ttl is later than
-    -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards).
+    -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards). The
+    -- sum only within range: '300000 years' would overflow the timestamp (22008) (0015).
     IF ttl OPERATOR(pg_catalog.<=) interval '0'
-       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+       OR (ttl OPERATOR(pg_catalog.<=) interval '1 year'
+           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
@@ -954,6 +956,7 @@ DECLARE
     v_pid   integer := pg_catalog.pg_backend_pid();
     v_token bigint;
     v_got   timestamptz;  -- the clock once the common case's row is ours
+    v_seen  bigint;       -- the session key of a live lease bound to another holder
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
@@ -997,6 +1000,17 @@ BEGIN
                       AND h.expires_at > pg_catalog.clock_timestamp()) THEN
             RETURN NULL;  -- live, another holder's, unbound: seen without locking its row
         END IF;
+    END IF;
+
+    -- Live, another holder's, bound to a backend that lives (it holds its key): NULL without locking
+    -- the row either, which would wait for the holder's writer (check_fence holds the row FOR SHARE
+    -- until it commits) (0015). A free key is kept by this transaction, as below.
+    SELECT h.session_key INTO v_seen FROM pglockkit.leases h
+     WHERE h.name = acquire_lease.name AND h.released_at IS NULL AND h.holder <> acquire_lease.holder
+       AND h.session_bound AND h.session_key IS NOT NULL AND h.holder_pid <> v_pid
+       AND h.expires_at > pg_catalog.clock_timestamp();
+    IF FOUND AND NOT pg_catalog.pg_try_advisory_xact_lock(v_seen) THEN
+        RETURN NULL;
     END IF;
 
     DECLARE
@@ -1379,7 +1393,7 @@ BEGIN
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
      WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN OTHERS OR query_canceled THEN  -- OTHERS leaves out a statement_timeout (0015)
         PERFORM pg_catalog.pg_advisory_unlock(v_key);
         RAISE;
     END;
@@ -1421,12 +1435,36 @@ BEGIN
         END IF;
         RETURN false;  -- already finished, or not this session's run
     END IF;
-    PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
+    -- The slot's key is let go of when this transaction commits (trigger runs_release_slot), not
+    -- here: a session lock outlives a rollback, and a finish that rolled back would leave the live
+    -- runner's slot free for the next start_run, which would run it again (0015).
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock when the transaction commits (rolled back, the run is still this session''s to finish). Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
+
+-- Lets go of a finished run's slot key at commit, in the runner's session: deferred, so that a
+-- finish_run whose transaction rolls back leaves the slot held by its live runner (0015).
+CREATE FUNCTION pglockkit._release_finished_run() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.holder_pid = pg_backend_pid() THEN  -- finish_run checked that this session holds the key
+        PERFORM pg_advisory_unlock(pglockkit._run_key(NEW.job, NEW.slot));
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._release_finished_run() IS
+    'Private: trigger runs_release_slot, at the commit of a finish_run: the runner''s session lets go of the slot''s key.';
+
+CREATE CONSTRAINT TRIGGER runs_release_slot
+    AFTER UPDATE OF status ON pglockkit.runs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status <> 'running')
+    EXECUTE FUNCTION pglockkit._release_finished_run();
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,
@@ -1624,9 +1662,11 @@ BEGIN
         RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
-    -- move the clock back, a lease expired when it is given (0013).
+    -- move the clock back, a lease expired when it is given (0013). The sum only within range:
+    -- '300000 years' would overflow the timestamp (22008) (0015).
     IF lease OPERATOR(pg_catalog.<=) interval '0'
-       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+       OR (lease OPERATOR(pg_catalog.<=) interval '7 days'
+           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
@@ -1892,8 +1932,8 @@ BEGIN
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'  -- before the sum, which it keeps in range
        OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
-       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
@@ -1905,14 +1945,7 @@ BEGIN
         IF claim_job.lease IS NULL THEN
             RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
-           OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now THEN  -- (0013)
-            RAISE EXCEPTION 'lease must be positive, got %', claim_job.lease USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.>) interval '7 days' THEN
-            RAISE EXCEPTION 'lease % is out of range', claim_job.lease USING ERRCODE = 'numeric_value_out_of_range',
-                HINT = 'Leases are at most 7 days; extend a long job''s lease with extend_job while it runs.';
-        END IF;
+        PERFORM pglockkit._check_lease(claim_job.lease);
         IF claim_job.worker IS NULL OR claim_job.batch IS NULL THEN
             RAISE EXCEPTION 'worker and batch must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
@@ -4080,6 +4113,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit');
 
 COMMIT;

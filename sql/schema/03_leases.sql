@@ -69,9 +69,11 @@ BEGIN
             HINT = 'Name the holder so that lease_status says who has it, e.g. host:pid.';
     END IF;
     -- Positive as an interval (a month is 30 days there) and in effect: now + ttl is later than
-    -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards).
+    -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards). The
+    -- sum only within range: '300000 years' would overflow the timestamp (22008) (0015).
     IF ttl OPERATOR(pg_catalog.<=) interval '0'
-       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+       OR (ttl OPERATOR(pg_catalog.<=) interval '1 year'
+           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
@@ -121,6 +123,7 @@ DECLARE
     v_pid   integer := pg_catalog.pg_backend_pid();
     v_token bigint;
     v_got   timestamptz;  -- the clock once the common case's row is ours
+    v_seen  bigint;       -- the session key of a live lease bound to another holder
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
@@ -164,6 +167,17 @@ BEGIN
                       AND h.expires_at > pg_catalog.clock_timestamp()) THEN
             RETURN NULL;  -- live, another holder's, unbound: seen without locking its row
         END IF;
+    END IF;
+
+    -- Live, another holder's, bound to a backend that lives (it holds its key): NULL without locking
+    -- the row either, which would wait for the holder's writer (check_fence holds the row FOR SHARE
+    -- until it commits) (0015). A free key is kept by this transaction, as below.
+    SELECT h.session_key INTO v_seen FROM pglockkit.leases h
+     WHERE h.name = acquire_lease.name AND h.released_at IS NULL AND h.holder <> acquire_lease.holder
+       AND h.session_bound AND h.session_key IS NOT NULL AND h.holder_pid <> v_pid
+       AND h.expires_at > pg_catalog.clock_timestamp();
+    IF FOUND AND NOT pg_catalog.pg_try_advisory_xact_lock(v_seen) THEN
+        RETURN NULL;
     END IF;
 
     DECLARE

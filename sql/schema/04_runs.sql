@@ -70,7 +70,7 @@ BEGIN
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
      WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN OTHERS OR query_canceled THEN  -- OTHERS leaves out a statement_timeout (0015)
         PERFORM pg_catalog.pg_advisory_unlock(v_key);
         RAISE;
     END;
@@ -112,12 +112,36 @@ BEGIN
         END IF;
         RETURN false;  -- already finished, or not this session's run
     END IF;
-    PERFORM pg_catalog.pg_advisory_unlock(pglockkit._run_key(v_job, v_slot));
+    -- The slot's key is let go of when this transaction commits (trigger runs_release_slot), not
+    -- here: a session lock outlives a rollback, and a finish that rolled back would leave the live
+    -- runner's slot free for the next start_run, which would run it again (0015).
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.finish_run(bigint, boolean, text) IS
-    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock. Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
+    'Records the outcome of a run (ok => succeeded, else failed, with detail) and releases its slot lock when the transaction commits (rolled back, the run is still this session''s to finish). Only the session that started the run and holds its slot lock may: true then; false, and nothing changed, if the run had already finished or is not this session''s (its session ended, and it may have been taken over); 42704 for an unknown id (its TABLE field says runs).';
+
+-- Lets go of a finished run's slot key at commit, in the runner's session: deferred, so that a
+-- finish_run whose transaction rolls back leaves the slot held by its live runner (0015).
+CREATE FUNCTION pglockkit._release_finished_run() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.holder_pid = pg_backend_pid() THEN  -- finish_run checked that this session holds the key
+        PERFORM pg_advisory_unlock(pglockkit._run_key(NEW.job, NEW.slot));
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._release_finished_run() IS
+    'Private: trigger runs_release_slot, at the commit of a finish_run: the runner''s session lets go of the slot''s key.';
+
+CREATE CONSTRAINT TRIGGER runs_release_slot
+    AFTER UPDATE OF status ON pglockkit.runs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status <> 'running')
+    EXECUTE FUNCTION pglockkit._release_finished_run();
 
 CREATE VIEW pglockkit.run_history AS
 SELECT r.id, r.job, r.slot, r.holder,

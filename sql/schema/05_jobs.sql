@@ -152,9 +152,11 @@ BEGIN
         RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
-    -- move the clock back, a lease expired when it is given (0013).
+    -- move the clock back, a lease expired when it is given (0013). The sum only within range:
+    -- '300000 years' would overflow the timestamp (22008) (0015).
     IF lease OPERATOR(pg_catalog.<=) interval '0'
-       OR pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp() THEN
+       OR (lease OPERATOR(pg_catalog.<=) interval '7 days'
+           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
@@ -420,8 +422,8 @@ BEGIN
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
        OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
+       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'  -- before the sum, which it keeps in range
        OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
-       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
@@ -433,14 +435,7 @@ BEGIN
         IF claim_job.lease IS NULL THEN
             RAISE EXCEPTION 'lease must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
-           OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now THEN  -- (0013)
-            RAISE EXCEPTION 'lease must be positive, got %', claim_job.lease USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF claim_job.lease OPERATOR(pg_catalog.>) interval '7 days' THEN
-            RAISE EXCEPTION 'lease % is out of range', claim_job.lease USING ERRCODE = 'numeric_value_out_of_range',
-                HINT = 'Leases are at most 7 days; extend a long job''s lease with extend_job while it runs.';
-        END IF;
+        PERFORM pglockkit._check_lease(claim_job.lease);
         IF claim_job.worker IS NULL OR claim_job.batch IS NULL THEN
             RAISE EXCEPTION 'worker and batch must not be null' USING ERRCODE = 'null_value_not_allowed';
         END IF;
