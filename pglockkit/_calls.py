@@ -422,11 +422,19 @@ def xact_lock_all(
             _nscache.learn(conn, ns, keys[0] >> 48, db_oid, server_started)
         return keys
 
+    def failed(exc: Exception, elapsed: float) -> list[int]:
+        if isinstance(exc, LockTimeout):
+            if timeout is not None:
+                exc.retry_after = seconds(timeout).total_seconds()
+            lock_event("timeout", ns, f"{len(resources)} resources", None, scope="xact", wait_ms=_ms(elapsed))
+        raise exc
+
     return Call(
         XACT_LOCK_ALL_INTS if ints else XACT_LOCK_ALL_TEXTS,
         (ns, resources, interval(timeout)),
         decode=decode,
         done=lambda keys, elapsed: all_acquired(ns, keys, _ms(elapsed)),
+        failed=failed,
     )
 
 
@@ -471,8 +479,9 @@ def refuse_pooler(
     return Call("SELECT pg_backend_pid()", decode=decode)
 
 
-# What `pglockkit once` says through a pooler.
+# What `pglockkit once` and run_once say through a pooler: the slot's lock is a session lock.
 ONCE_POOLER = ("pglockkit once", "run it where it reaches PostgreSQL directly")
+RUN_ONCE_POOLER = ("run_once", "pass a DSN that does")
 
 # What Lease(bind_session=True) says through a pooler: the session key would stay on a pooled
 # server session, so the lease would not end with its holder's connection.
@@ -804,21 +813,23 @@ def run_event(
         runs_log.info("run skipped job=%s slot=%s (already ran or running elsewhere)", job, slot)
     elif event == "unrecorded":
         runs_log.warning(
-            "run failed job=%s slot=%s id=%s and was not recorded, its session is gone (%s): the "
-            "next run_once of the slot runs it again",
-            job, slot, run_id, error,
+            "run job=%s slot=%s id=%s ended and was not recorded (%s): the next run_once of the "
+            "slot may run it again",
+            job, slot, run_id, error or "this session no longer holds the slot",
         )  # fmt: skip
     else:
         runs_log.info("run %s job=%s slot=%s id=%s", event, job, slot, run_id)
 
 
-def sql_text(text: str) -> str:
-    """``text`` as PostgreSQL can store it: a NUL byte, which text cannot hold, written ``\\x00``."""
-    return text.replace("\x00", "\\x00")
+def sql_text(text: str, encoding: str = "utf-8") -> str:
+    """``text`` as the server can store it: a NUL byte, which text cannot hold, written ``\\x00``,
+    and what the connection's ``encoding`` cannot carry (a lone surrogate from a file name, a
+    character a LATIN1 database lacks) as Python's backslash escapes."""
+    return text.replace("\x00", "\\x00").encode(encoding, "backslashreplace").decode(encoding)
 
 
-def run_failure_detail(exc: BaseException) -> str:
-    return sql_text(f"{exc.__class__.__name__}: {exc}")
+def run_failure_detail(exc: BaseException, encoding: str = "utf-8") -> str:
+    return sql_text(f"{exc.__class__.__name__}: {exc}", encoding)
 
 
 # --- schedules ------------------------------------------------------------------------------

@@ -114,8 +114,8 @@ ABORTED_BY_HANDLER = (
 )
 
 
-def error_text(exc: BaseException) -> str:
-    return _calls.sql_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
+def error_text(exc: BaseException, encoding: str = "utf-8") -> str:
+    return _calls.sql_text("".join(traceback.format_exception_only(type(exc), exc)).strip(), encoding)
 
 
 def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException | None = None) -> Outcome:
@@ -126,14 +126,14 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException |
     conn.pending_savepoint = None
     conn.in_job = False
     if not exactly_once:
-        return Outcome(None if exc is None else error_text(exc), used)
+        return Outcome(None if exc is None else error_text(exc, conn.info.encoding), used)
     if exc is not None and (conn.closed or conn.broken):
         raise exc
     status = conn.info.transaction_status
     if conn.ended_by_handler or (status == TransactionStatus.IDLE and (used or not request.begins)):
         raise HandlerEndedTransaction(request.job)
     if exc is not None:
-        return Outcome(error_text(exc), used)
+        return Outcome(error_text(exc, conn.info.encoding), used)
     if status == TransactionStatus.INERROR:
         return Outcome(ABORTED_BY_HANDLER, used)
     return Outcome(None, used)
@@ -199,10 +199,14 @@ class Settings:
             raise ValueError(
                 f"poll_interval must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {poll_interval!r}"
             )
-        job_lease = _calls.seconds(lease)
-        if not timedelta(0) < job_lease <= MAX_LEASE:
+        try:
+            job_lease = _calls.seconds(lease)
+        except (OverflowError, ValueError):  # NaN or infinite seconds, or over timedelta's range
+            job_lease = None
+        if job_lease is None or not timedelta(0) < job_lease <= MAX_LEASE:
             # claim_job refuses it (22023, 22003): every claim would fail, retried for ever.
-            raise ValueError(f"lease must be more than 0 and at most 7 days, got {job_lease}")
+            got = lease if job_lease is None else job_lease
+            raise ValueError(f"lease must be more than 0 and at most 7 days, got {got}")
         if not 0 < reconnect_cap <= cls.MAX_WAIT:
             raise ValueError(
                 f"reconnect_cap must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {reconnect_cap!r}"

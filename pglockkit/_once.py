@@ -44,12 +44,13 @@ class Once:
     def run(self) -> int:
         conn = connect(self.dsn, autocommit=True, application_name=f"pglockkit run {self.job}")
         with conn:
+            # The slot's lock is a session lock: behind a pooler it stays on a server session that
+            # others use, and the outcome may be recorded from another (refused, as sole_writer,
+            # before any setting of the session).
+            _calls.run(conn, _calls.refuse_pooler(conn, *_calls.ONCE_POOLER))
             # The slot's lock lives as long as this session: have the server end it (and free the
             # slot) within a bounded time if this host vanishes, as sole_writer does.
             set_server_keepalives(conn)
-            # The slot's lock is a session lock: behind a pooler it stays on a server session that
-            # others use, and the outcome may be recorded from another (refused, as sole_writer).
-            _calls.run(conn, _calls.refuse_pooler(conn, *_calls.ONCE_POOLER))
             run_id = runs.start_run(conn, self.job, self.slot, self.holder or default_holder())
             if run_id is None:
                 _calls.run_event("skipped", self.job, self.slot, None)

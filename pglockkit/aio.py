@@ -535,6 +535,7 @@ async def run_once(
     an exception records the run as failed."""
     slot = today_utc() if slot is None else slot
     async with await connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
+        await _calls.arun(conn, _calls.refuse_pooler(conn, *_calls.RUN_ONCE_POOLER))
         run_id = await start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)
@@ -545,14 +546,16 @@ async def run_once(
             yield run_id
         except BaseException as exc:
             try:
-                await finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+                recorded = await finish_run(
+                    conn, run_id, False, _calls.run_failure_detail(exc, conn.info.encoding)
+                )
             except psycopg.OperationalError as lost:  # the caller gets the body's exception
                 _calls.run_event("unrecorded", job, slot, run_id, lost)
             else:
-                _calls.run_event("failed", job, slot, run_id)
+                _calls.run_event("failed" if recorded else "unrecorded", job, slot, run_id)
             raise
-        await finish_run(conn, run_id, True)
-        _calls.run_event("succeeded", job, slot, run_id)
+        recorded = await finish_run(conn, run_id, True)
+        _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
 
 
 def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:

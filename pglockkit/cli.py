@@ -60,6 +60,14 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _pause(text: str) -> timedelta:
+    """A pause between two rounds, as ``_duration``: more than 0, at most a day."""
+    value = _duration(text)
+    if not timedelta(0) < value <= timedelta(days=1):
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most a day, got {text!r}")
+    return value
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     dsn = embedded.start(args.data)
     applied = install(dsn)
@@ -194,9 +202,15 @@ def cmd_once(args: argparse.Namespace) -> int:
     return Once(_dsn(args), args.job, slot, args.holder, command).run()
 
 
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
 def _print_table(columns: tuple[str, ...], rows: list[dict]) -> None:
-    """Aligned columns under a header; NULL prints as nothing."""
-    cells = [[("" if r[c] is None else str(r[c])) for c in columns] for r in rows]
+    """Aligned columns under a header; NULL prints as nothing, JSON (a schedule's payload) as JSON."""
+    cells = [[_cell(r[c]) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for r in cells:
@@ -473,9 +487,11 @@ def _plot_path(text: str) -> Path:
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``pglockkit demo``."""
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--dsn", help="run on this database (pglockkit installed) instead of the embedded server"
     )
+    where.add_argument("--embedded", action="store_true", help="run on the embedded server (the default)")
     parser.add_argument(
         "--data", metavar="DIR", help="the embedded server's data directory (default: the user data dir)"
     )
@@ -804,7 +820,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--every",
-        type=_duration,
+        type=_pause,
         default=timedelta(seconds=5),
         metavar="DURATION",
         help="interval between samples (default 5s)",

@@ -86,12 +86,21 @@ def _bookkeeping(ids: list[str]) -> str:
 MIGRATION_LOCK_WAIT_MS = 500
 
 
+class _MigrationBackend(get_backend_class("postgresql+psycopg")):
+    """yoyo's psycopg backend, with ``MIGRATION_LOCK_WAIT_MS`` on every connection it makes: it
+    applies each migration on a connection of its own. (Not an ``options`` connection parameter:
+    that would replace PGOPTIONS and a service file's options, which the install honours.)"""
+
+    def init_connection(self, connection) -> None:
+        super().init_connection(connection)
+        connection.execute(f"SET lock_timeout = {MIGRATION_LOCK_WAIT_MS}")
+
+
 def _backend(dsn: str):
     args = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
-    args["options"] = f"{args.get('options', '')} -c lock_timeout={MIGRATION_LOCK_WAIT_MS}".strip()
     args["schema"] = MIGRATIONS_SCHEMA
     uri = DatabaseURI("postgresql+psycopg", None, None, None, None, args.pop("dbname", None), args)
-    backend = get_backend_class("postgresql+psycopg")(uri, "_yoyo_migration")
+    backend = _MigrationBackend(uri, "_yoyo_migration")
     backend.init_database()
     return backend
 
@@ -148,10 +157,13 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
 
     Safe to run from many processes at once: they queue on an advisory lock, the first applies,
     the rest find nothing to do. Re-applies grants at the end, so a ``pglockkit_user`` role created
-    after the first install gets its privileges.
+    after the first install gets its privileges. A migration that waits for a lock held by
+    another transaction is tried again until ``lock_timeout_s``, then ``LockTimeout`` (55P03).
 
     >>> install("postgresql://app@db/app")  # doctest: +SKIP
-    ['0001_baseline']
+    ['0001_baseline', '0002_inlined_named_locks', ...]
+    >>> install("postgresql://app@db/app")  # doctest: +SKIP
+    []
     """
     with _InstallLock(dsn, lock_timeout_s) as conn:
         backend = _backend(dsn)

@@ -32,7 +32,7 @@ def register_namespace(
     """Register (idempotently) a lock namespace; returns its id.
 
     >>> register_namespace(conn, "billing", description="invoices")  # doctest: +SKIP
-    16218
+    3222
     """
     return _calls.run(conn, _calls.register_namespace(name, id, description, lock_timeout))
 

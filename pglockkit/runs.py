@@ -28,7 +28,8 @@ def start_run(conn: psycopg.Connection, job: str, slot: str, holder: str) -> int
 
 
 def finish_run(conn: psycopg.Connection, run_id: int, ok: bool, detail: str | None = None) -> bool:
-    """Record the outcome; False if the run had already finished."""
+    """Record the outcome (the slot's lock goes when the transaction commits); False if the run had
+    already finished or is not this session's (its session ended, and it may have been taken over)."""
     return _calls.run(conn, _calls.finish_run(run_id, ok, detail))
 
 
@@ -63,6 +64,7 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
     """
     slot = today_utc() if slot is None else slot
     with connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
+        _calls.run(conn, _calls.refuse_pooler(conn, *_calls.RUN_ONCE_POOLER))
         run_id = start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)
@@ -73,14 +75,14 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
             yield run_id
         except BaseException as exc:
             try:
-                finish_run(conn, run_id, False, _calls.run_failure_detail(exc))
+                recorded = finish_run(conn, run_id, False, _calls.run_failure_detail(exc, conn.info.encoding))
             except psycopg.OperationalError as lost:  # the caller gets the body's exception
                 _calls.run_event("unrecorded", job, slot, run_id, lost)
             else:
-                _calls.run_event("failed", job, slot, run_id)
+                _calls.run_event("failed" if recorded else "unrecorded", job, slot, run_id)
             raise
-        finish_run(conn, run_id, True)
-        _calls.run_event("succeeded", job, slot, run_id)
+        recorded = finish_run(conn, run_id, True)
+        _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
 
 
 def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:

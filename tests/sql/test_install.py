@@ -598,3 +598,35 @@ def test_status_of_a_bundle_install_shows_every_migration_applied(server):
         [sys.executable, "-m", "pglockkit.cli", "status", "--dsn", dsn], capture_output=True, text=True
     )
     assert f"{len(ALL)} applied, 0 pending" in cli.stdout
+
+
+def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, monkeypatch):
+    """libpq's environment is how install may be pointed at a database (docs/install.md), and
+    PGOPTIONS="-c role=OWNER" is how a login role installs objects owned by the role that owns
+    the kit. _backend now always passes an `options` connection parameter (lock_timeout), which
+    replaces PGOPTIONS for yoyo's connections only: the migrations run as the login role, and
+    _grant_privileges, on the install's own connection (which does honour PGOPTIONS), then fails
+    on the objects they created (42501), the upgrade half done."""
+    owner = "pgk_owner_pgoptions"
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {owner}")
+        admin.execute(f"CREATE ROLE {owner} NOLOGIN")
+    try:
+        name = server.create_database()
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" OWNER TO {owner}')
+        dsn = server.dsn(name)
+        _apply_chain(make_conninfo(dsn, options=f"-c role={owner}"), upto="0013_job_lease_positive_in_effect")
+        monkeypatch.setenv("PGOPTIONS", f"-c role={owner}")
+        assert pglockkit.install(dsn) == [m for m in ALL if m > "0013_job_lease_positive_in_effect"]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            owners = conn.execute(
+                "SELECT DISTINCT proowner::regrole::text FROM pg_proc"
+                " WHERE pronamespace = 'pglockkit'::regnamespace"
+            ).fetchall()
+        assert owners == [(owner,)]
+    finally:
+        monkeypatch.delenv("PGOPTIONS", raising=False)
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f"DROP ROLE IF EXISTS {owner}")

@@ -4,6 +4,10 @@ clock, fencing of a stale writer, session-bound leases, the self-renewing Python
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -693,6 +697,25 @@ def test_a_ttl_that_moves_the_clock_backwards_is_refused(db, call):
     assert db.conn.execute("SELECT count(*) FROM pglockkit.leases").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        "acquire_lease('huge', 'a', '300000 years')",
+        "acquire_lease('huge', 'a', '300000 years', bind_session => true)",
+        "renew_lease('huge', 'a', 1, '300000 years')",
+    ],
+)
+def test_a_ttl_far_over_a_year_is_out_of_range_not_a_timestamp_overflow(db, call):
+    # docs/errors.md: "a lease ttl over 1 year" is 22003 (InvalidArgument). A ttl so large that
+    # now + ttl leaves the timestamp range raised 22008 "timestamp out of range", which names no
+    # lease: the positive-in-effect check (0013) adds it to now before the range check runs.
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(f"SELECT pglockkit.{call}")
+    assert (err.value.sqlstate, "lease ttl" in str(err.value)) == ("22003", True), str(err.value)
+    with pytest.raises(pglockkit.InvalidArgument):
+        acquire_lease(db.conn, "huge", "a", timedelta(days=365 * 300000))
+
+
 def test_check_fence_refuses_an_empty_name_as_the_other_lease_functions_do(db):
     with pytest.raises(psycopg.Error, match="must not be empty") as err:
         db.conn.execute("SELECT pglockkit.check_fence('', 1)")
@@ -812,3 +835,86 @@ def test_check_fence_refuses_an_autocommit_connection_outside_a_transaction(db):
                 await aio.check_fence(conn, "fenced-write", token)
 
     asyncio.run(main())
+
+
+BOUND_HOLDER = r"""
+import sys, time
+import psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    token = conn.execute(
+        "SELECT pglockkit.acquire_lease('bound', 'holder', '60 s', bind_session => true)"
+    ).fetchone()[0]
+    print(token, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_sigkilled_bound_holder_is_replaced_by_exactly_one_of_eight_racing_rivals(db):
+    """docs/guarantees.md: a SIGKILLed holder's session-bound lease is freed at once, and
+    docs/leases.md: no rival takes it while its holder lives. The holder is a real process, SIGKILLed;
+    eight rivals (bound and unbound) poll the lease before and after: none gets it while the holder
+    lives, exactly one right after the kill, with a larger token, and nobody else after that."""
+    holder = subprocess.Popen([sys.executable, "-c", BOUND_HOLDER, db.dsn], stdout=subprocess.PIPE, text=True)
+    try:
+        token = int(holder.stdout.readline())
+        wins: list[tuple[int, int, float]] = []  # (rival, token, time)
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def rival(i: int) -> None:
+            try:
+                with db.connect() as conn:
+                    while not stop.is_set():
+                        got = acquire_lease(conn, "bound", f"rival-{i}", 60, bind_session=i % 2 == 0)
+                        if got is not None:
+                            wins.append((i, got, time.monotonic()))
+                            stop.wait()  # keep the connection (a bound winner keeps the lease)
+                            return
+                        time.sleep(0.002)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=rival, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        assert wins == [] and errors == []  # the holder lives: nobody took it
+        killed = time.monotonic()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        deadline = killed + 3
+        while not wins and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # the others keep polling
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert errors == []
+    assert len(wins) == 1, wins
+    [(_, won, at)] = wins
+    assert won > token and at - killed < 2
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_a_rival_gets_null_at_once_while_the_holder_writes_under_check_fence(db, bound):
+    """docs/leases.md: acquire_lease answers NULL if someone else holds the lease; check_fence keeps
+    the row FOR SHARE for the holder's whole write transaction. A rival polling a live lease must
+    get its NULL at once, not wait for that transaction: for an unbound lease it does; a
+    session-bound one (the general path, which locks the row FOR UPDATE) waited."""
+    with db.connect() as holder, db.connect() as writer, db.connect() as rival:
+        token = acquire_lease(holder, "refresh", "pod-a", 60, bind_session=bound)
+        writer.execute("BEGIN")
+        writer.execute("SELECT pglockkit.check_fence('refresh', %s)", (token,))
+        rival.execute("SET statement_timeout = '2s'")
+        started = time.monotonic()
+        try:
+            got = acquire_lease(rival, "refresh", "pod-b", 60)
+        except psycopg.errors.QueryCanceled:
+            got = "waited for the writer"
+        waited = time.monotonic() - started
+        writer.execute("COMMIT")
+        assert got is None and waited < 0.5, (got, waited)

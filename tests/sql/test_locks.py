@@ -125,6 +125,24 @@ def test_sole_writer_logs_acquire_skip_release_with_key(db, ns, caplog):
     assert events[2]["hold_ms"] >= 0
 
 
+def test_an_xact_lock_all_timeout_is_logged_like_an_xact_lock_timeout(db, ns, caplog):
+    # docs/python.md: "Every acquisition, skip, timeout and release is logged on logger
+    # pglockkit.locks". xact_lock's timeout is logged (event "timeout", with wait_ms);
+    # xact_lock_all's raised LockTimeout and logged nothing.
+    caplog.set_level(logging.INFO, logger="pglockkit.locks")
+    with db.connect() as holder, db.connect() as waiter:
+        with holder.transaction():
+            pglockkit.xact_lock(holder, ns, "b")
+            with waiter.transaction(), pytest.raises(pglockkit.LockTimeout):
+                pglockkit.xact_lock(waiter, ns, "b", timeout=0.1)
+            with waiter.transaction(), pytest.raises(pglockkit.LockTimeout):
+                pglockkit.xact_lock_all(waiter, ns, ["a", "b"], timeout=0.1)
+    timeouts = [r.pglockkit for r in caplog.records if getattr(r, "pglockkit", {}).get("event") == "timeout"]
+    assert len(timeouts) == 2, timeouts
+    assert all(e["namespace"] == ns and e["wait_ms"] >= 0 for e in timeouts)
+    assert timeouts[1]["resource"] == "2 resources"
+
+
 def test_unlock_of_a_lock_not_held_is_an_error(db, ns):
     with pytest.raises(
         psycopg.errors.ObjectNotInPrerequisiteState, match="is not held by this session"

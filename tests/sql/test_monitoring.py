@@ -540,3 +540,52 @@ def test_top_and_the_views_survive_a_prepared_transaction_holding_an_advisory_lo
     assert "ADVISORY LOCKS (2)" in out.stdout and ns in out.stdout
     assert "root: a prepared transaction: 1 session(s) behind" in out.stdout, out.stdout
     assert f"pid {waiter_pid} waits" in out.stdout and "blocked by a prepared transaction" in out.stdout
+
+
+def test_every_view_with_a_query_hides_another_roles_query_from_a_worker(db, ns, as_role):
+    """docs/monitoring.md: the session details follow pg_stat_activity's rule in every view. A
+    vis_app session pins the xmin horizon and holds a session lock while idle in transaction, and
+    another vis_app session waits behind it; a plain worker (vis_worker) sees them listed in
+    xmin_horizon and lock_waits but never their queries, and idle_lock_holders leaves them out;
+    a member of vis_app (vis_app_peer) reads the queries."""
+    holder = as_role("vis_app")
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'x')), 'secret: hunter2'", (ns,))
+    waiter = as_role("vis_app")
+    thread = threading.Thread(
+        target=lambda: waiter.execute(
+            "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'x')), 'secret: swordfish'", (ns,)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    _wait_until_blocked(db, waiter.info.backend_pid)
+    pids = [holder.info.backend_pid, waiter.info.backend_pid]
+    try:
+        views = {
+            "xmin_horizon": "SELECT query FROM pglockkit.xmin_horizon WHERE holder = %s",
+            "lock_waits": "SELECT query FROM pglockkit.lock_waits WHERE pid = %s",
+            "advisory_locks": "SELECT query FROM pglockkit.advisory_locks WHERE pid = %s",
+            "idle_lock_holders": "SELECT last_query FROM pglockkit.idle_lock_holders WHERE pid = %s",
+        }
+        pid_of = {
+            "xmin_horizon": str(pids[0]),
+            "lock_waits": pids[1],
+            "advisory_locks": pids[0],
+            "idle_lock_holders": pids[0],
+        }
+        worker, peer = as_role("vis_worker"), as_role("vis_app_peer")
+        seen_by_worker = {v: worker.execute(sql, (pid_of[v],)).fetchall() for v, sql in views.items()}
+        seen_by_peer = {v: peer.execute(sql, (pid_of[v],)).fetchall() for v, sql in views.items()}
+    finally:
+        holder.execute("ROLLBACK")
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        thread.join(5)
+    hidden = [("<insufficient privilege>",)]
+    assert seen_by_worker == {
+        "xmin_horizon": hidden,
+        "lock_waits": hidden,
+        "advisory_locks": hidden,
+        "idle_lock_holders": [],
+    }
+    assert all(rows and "secret" in rows[0][0] for rows in seen_by_peer.values()), seen_by_peer

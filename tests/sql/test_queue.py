@@ -338,6 +338,28 @@ def test_a_lease_that_moves_the_clock_backwards_is_refused(db, call):
     assert err.value.sqlstate == "22023" and _jobs(db.conn) == before
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT * FROM pglockkit.claim_job('q', 'w', '300000 years')",
+        "SELECT pglockkit.extend_job(%(job)s, %(token)s, '300000 years')",
+        "SELECT pglockkit.extend_jobs(ARRAY[%(job)s::bigint], ARRAY[%(token)s::bigint], '300000 years')",
+    ],
+)
+def test_a_lease_far_over_seven_days_is_out_of_range_not_a_timestamp_overflow(db, call):
+    # docs/errors.md: "a job lease over 7 days (an infinite one included)" is 22003. A finite
+    # lease so large that now + lease leaves the timestamp range raised 22008 "timestamp out of
+    # range" instead, which names no lease (the positive-in-effect check of 0013 runs first).
+    q.enqueue(db.conn, "q", {})
+    [job] = q.claim(db.conn, "q", "w", lease=60)
+    q.enqueue(db.conn, "q", {})
+    before = _jobs(db.conn)
+    with pytest.raises(psycopg.Error) as err:
+        db.conn.execute(call, {"job": job.id, "token": job.token})
+    assert (err.value.sqlstate, "lease" in str(err.value)) == ("22003", True), str(err.value)
+    assert _jobs(db.conn) == before
+
+
 # --- interleavings: explicit steps over several connections -----------------------------------
 
 
@@ -1226,3 +1248,74 @@ def test_retry_dead_jobs_racing_an_enqueue_of_the_same_key_retries_the_rest(db):
     assert result == [3]
     assert _status(db.conn, dead) == ("dead", 1) and _status(db.conn, again) == ("queued", 0)
     assert [_status(db.conn, j) for j in others] == [("queued", 0)] * 3
+
+
+def test_racing_enqueues_of_one_dedup_key_make_one_job_while_workers_finish_it(db):
+    """docs/queue.md: dedup keys are unique among a queue's unfinished jobs, and enqueueing a
+    duplicate returns the pending job's id. Eight sessions enqueue the same key at a barrier (one job,
+    one id for all, no unique violation); then six enqueue one key in a loop while two workers claim
+    and complete its jobs: no error, at most one unfinished job at any time (the index), and no
+    enqueue is answered with a job that had finished before the enqueue began."""
+    n = 8
+    barrier = threading.Barrier(n)
+    rounds = 30
+    ids: list[list[int]] = [[] for _ in range(rounds)]
+    errors: list[BaseException] = []
+
+    def burst() -> None:
+        try:
+            with db.connect() as conn:
+                for r in range(rounds):
+                    barrier.wait(10)
+                    ids[r].append(q.enqueue(conn, "d", {"r": r}, dedup_key=f"burst:{r}"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=burst) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(len(set(got)) == 1 and len(got) == n for got in ids), ids
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE queue = 'd'").fetchone()[0] == rounds
+
+    stop = time.monotonic() + 3
+    answers: list[tuple[int, float]] = []  # (id returned, wall clock when the enqueue was sent)
+    committed: dict[int, float] = {}  # job id -> wall clock once its completion had committed
+
+    def enqueuer() -> None:
+        try:
+            with db.connect() as conn:
+                while time.monotonic() < stop:
+                    sent = time.time()
+                    answers.append((q.enqueue(conn, "race", {}, dedup_key="one"), sent))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def worker() -> None:
+        try:
+            with db.connect() as conn:
+                while time.monotonic() < stop:
+                    for job in q.claim(conn, "race", "w"):
+                        assert q.complete(conn, job)  # autocommit: committed when it returns
+                        committed[job.id] = time.time()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueuer) for _ in range(6)] + [
+        threading.Thread(target=worker) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(committed) > 20, len(committed)  # jobs of the key really finished while others enqueued it
+    stale = [(i, sent) for i, sent in answers if i in committed and committed[i] < sent]
+    assert stale == []  # no enqueue answered with a job whose completion had committed before it began
+    jobs = db.conn.execute(
+        "SELECT id FROM pglockkit.jobs WHERE queue = 'race' AND dedup_key = 'one' ORDER BY id"
+    ).fetchall()
+    assert {i for (i,) in jobs} == {i for i, _ in answers}  # every job of the key was some enqueue's answer

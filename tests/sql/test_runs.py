@@ -342,3 +342,109 @@ def test_async_run_once_records_a_nul_failure_and_keeps_the_bodys_exception_on_a
     assert _history(db.conn, "anul") == [("s1", "failed", 1)]
     detail = db.conn.execute("SELECT detail FROM pglockkit.runs WHERE job = 'anul'").fetchone()[0]
     assert detail == "ValueError: bytes b'\\x00' in row 7"
+
+
+def test_a_finish_run_whose_transaction_rolls_back_keeps_the_slot_with_its_live_runner(db):
+    """docs/runs.md: the starter's session holds the slot's lock until finish_run; a slot runs once;
+    only a run whose holder died is taken over. finish_run called in a transaction that then rolls
+    back (the runner records its outcome and its report in one transaction, and the COMMIT fails)
+    records nothing, so the run is still running with its runner alive: it must not turn
+    'abandoned' and be run again by the next pod, and the runner must still be able to record it."""
+    with db.connect() as a, db.connect() as b:
+        run = start_run(a, "nightly", "s1", "pod-a")
+        a.execute("BEGIN")
+        assert a.execute("SELECT pglockkit.finish_run(%s, true, 'report written')", (run,)).fetchone()[0]
+        a.execute("ROLLBACK")  # e.g. the report's insert failed at COMMIT
+        assert _history(db.conn, "nightly") == [("s1", "running", 1)]  # pod-a lives: not abandoned
+        assert start_run(b, "nightly", "s1", "pod-b") is None  # not run a second time
+        assert finish_run(a, run, True, "report written")  # the runner records it after all
+    assert _history(db.conn, "nightly") == [("s1", "succeeded", 1)]
+
+
+def test_start_run_returns_at_once_while_the_runner_records_its_outcome(db):
+    """docs/runs.md: "Everyone else gets NULL at once." A pod that starts the slot while the runner's
+    finish_run is in an open transaction must not wait for that transaction."""
+    with db.connect() as a, db.connect() as b:
+        run = start_run(a, "nightly", "s1", "pod-a")
+        a.execute("BEGIN")
+        assert a.execute("SELECT pglockkit.finish_run(%s, true)", (run,)).fetchone()[0]
+        b.execute("SET statement_timeout = '2s'")
+        started = time.monotonic()
+        try:
+            got = start_run(b, "nightly", "s1", "pod-b")
+        except psycopg.errors.QueryCanceled:
+            got = "waited"
+        waited = time.monotonic() - started
+        a.execute("COMMIT")
+        assert got is None and waited < 1, (got, waited)
+    assert _history(db.conn, "nightly") == [("s1", "succeeded", 1)]
+
+
+RUN_HOLDER = r"""
+import sys, time
+import psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    print(conn.execute("SELECT pglockkit.start_run('nightly', 's1', 'pod-0')").fetchone()[0], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_six_pods_racing_for_a_sigkilled_runners_slot_take_it_over_once(db):
+    """docs/runs.md: a run whose holder died is taken over by the next start_run (attempt + 1), and a
+    slot runs once per attempt. The runner is a real process, SIGKILLed; six pods call start_run at
+    a barrier, before the kill (all NULL) and after it: exactly one takes the run over."""
+    holder = subprocess.Popen([sys.executable, "-c", RUN_HOLDER, db.dsn], stdout=subprocess.PIPE, text=True)
+    try:
+        run = int(holder.stdout.readline())
+        conns = [db.connect() for _ in range(6)]
+        barrier = threading.Barrier(6)
+
+        def race() -> list:
+            got: list = []
+
+            def pod(i: int) -> None:
+                barrier.wait(10)
+                got.append(start_run(conns[i], "nightly", "s1", f"pod-{i + 1}"))
+
+            threads = [threading.Thread(target=pod, args=(i,)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return got
+
+        assert race() == [None] * 6  # the runner lives
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        deadline = time.monotonic() + 2
+        while _history(db.conn, "nightly") != [("s1", "abandoned", 1)]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        got = race()
+        assert sorted(got, key=str) == sorted([run] + [None] * 5, key=str), got
+        assert _history(db.conn, "nightly") == [("s1", "running", 2)]
+        assert race() == [None] * 6  # the new runner lives
+        for conn in conns:
+            conn.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_run_once_records_a_failure_whose_message_holds_a_lone_surrogate(db):
+    """The NUL fix's sibling: Python text PostgreSQL cannot be sent. A file name read with
+    os.listdir / os.fsdecode from a non-UTF-8 directory holds a lone surrogate ('\\udcff'); an
+    exception naming it made finish_run raise UnicodeEncodeError (the parameter cannot be encoded),
+    which replaced the body's exception, left the run 'running' (abandoned once the connection
+    closed), and let the next pod run the slot again."""
+
+    class BadFile(Exception):
+        pass
+
+    with pytest.raises(BadFile), pglockkit.run_once(db.dsn, "surrogate-detail", "2026-11-30") as run:
+        assert run is not None
+        raise BadFile("cannot parse report-\udcff.csv")
+    assert _history(db.conn, "surrogate-detail") == [("2026-11-30", "failed", 1)]
+    with pglockkit.run_once(db.dsn, "surrogate-detail", "2026-11-30") as again:
+        assert again is None, "a failed slot ran again"

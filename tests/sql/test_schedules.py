@@ -375,3 +375,44 @@ def test_cli_schedule_list_unschedule_and_scheduler(db):
     assert cli("unschedule", "nightly").returncode == 0
     gone = cli("unschedule", "nightly")
     assert gone.returncode == 1 and "no schedule named 'nightly'" in gone.stderr
+
+
+def test_unschedule_while_four_sessions_tick_stops_the_slots_at_once(db):
+    """docs/schedules.md: unschedule() deletes the row: slots after it commits are not enqueued, jobs
+    already enqueued stay. Four sessions tick a per-minute schedule on the 60-times-fast test clock
+    (a slot every real second, each contested); once unschedule() has returned, no job is added,
+    and every slot enqueued until then is there once."""
+    db.conn.execute("SELECT pglockkit.schedule('every', '* * * * *', 'q', catch_up => 1000)")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    base = now.replace(second=0, microsecond=0) - timedelta(hours=1)
+    _backdate(db, "every", base)
+    t0 = time.time()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ticks = [0]
+
+    def ticker() -> None:
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    as_of = base + timedelta(seconds=(time.time() - t0) * 60)
+                    conn.execute("SELECT pglockkit.tick_schedules(%s)", (as_of,))
+                    ticks[0] += 1
+                    time.sleep(0.002)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ticker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2.5)
+    assert db.conn.execute("SELECT pglockkit.unschedule('every')").fetchone()[0] is True
+    at_unschedule = _slots(db, "q")
+    time.sleep(2)  # two more slots' worth of ticking
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and ticks[0] > 100
+    slots = _slots(db, "q")
+    assert slots == at_unschedule  # nothing after unschedule returned
+    assert len(slots) >= 2 and len({s for s, _ in slots}) == len(slots)  # each slot once

@@ -778,3 +778,36 @@ def test_groups_recording_completions_and_failures_of_shared_keys_do_not_deadloc
         "SELECT concurrency_key, status, attempt FROM pglockkit.jobs"
         " WHERE concurrency_key IS NOT NULL ORDER BY id"
     ).fetchall() == [("k1", "done", 1), ("k2", "dead", 1), ("k2", "done", 1), ("k1", "dead", 1)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_handler_error_whose_text_holds_a_lone_surrogate_is_recorded(tables, asynchronous):
+    """As a NUL byte: a handler's error naming a file read from a non-UTF-8 directory holds a lone
+    surrogate ('\\udcff', os.fsdecode's surrogateescape). fail_job's parameter cannot be encoded
+    (UnicodeEncodeError in psycopg), the lane's group rolls back, and the job stays 'running' with
+    no error recorded until its lease expires, to fail the same way again."""
+    db = tables
+    bad, *rest = q.enqueue_many(db.conn, "w", [{"bad": True}] + [{}] * 4)
+
+    def handler(job, conn):
+        if job.payload.get("bad"):
+            raise ValueError("cannot parse report-\udcff.csv")
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    async def ahandler(job, conn):
+        if job.payload.get("bad"):
+            raise ValueError("cannot parse report-\udcff.csv")
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    if asynchronous:
+        asyncio.run(aio.Worker(db.dsn, "w", ahandler, lease=30, group=4).run(exit_when_idle=True))
+    else:
+        pglockkit.Worker(db.dsn, "w", handler, lease=30, group=4).run(exit_when_idle=True)
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == sorted(rest)
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1), (status, error)
+    assert error is not None and error.startswith("ValueError: cannot parse report-")

@@ -384,3 +384,51 @@ def test_once_refuses_a_pooler_before_it_runs_the_command(db, bouncer, tmp_path,
     assert "pglockkit once needs a direct connection" in out.stderr and "[None]" not in out.stderr
     assert db.conn.execute("SELECT count(*) FROM pglockkit.runs").fetchone()[0] == 0
     assert _held(db) == []
+
+
+# run_once (and singleton, aio.run_once) hold the slot with a session lock, as `pglockkit once` does.
+def test_run_once_through_transaction_pooling_records_the_run_or_refuses(db, bouncer):
+    """Through transaction pooling, run_once's start_run takes the slot's session lock on one server
+    session; while the body runs that session goes back to the pool, finish_run lands on another,
+    is refused (false), and run_once logs "succeeded" and returns normally. The run stays
+    'running' with its lock on a server session other clients use (the same defect `pglockkit
+    once` had). run_once must refuse the pooler (PoolerDetected before the body), or record."""
+    b = bouncer("transaction")
+    ran = []
+    other = psycopg.connect(b.dsn(), autocommit=True, prepare_threshold=None)
+    try:
+        try:
+            with pglockkit.run_once(b.dsn(), "nightly", "s1") as run:
+                ran.append(run)
+                # Another client of the pool is in a transaction meanwhile: it has the server
+                # session that served start_run (the only idle one), so finish_run gets another.
+                other.execute("BEGIN")
+                other.execute("SELECT 1")
+        except pglockkit.PoolerDetected:
+            assert ran == [], "run_once ran its body before refusing the pooler"
+            return
+        other.rollback()
+        status = db.conn.execute(
+            "SELECT status FROM pglockkit.runs WHERE job = 'nightly' AND slot = 's1'"
+        ).fetchone()[0]
+        assert status == "succeeded", f"run_once returned normally but the run is {status!r}"
+    finally:
+        other.close()
+
+
+def test_once_refusing_a_pooler_leaves_no_session_setting_on_the_pooled_server_session(db, bouncer, tmp_path):
+    """sole_writer and Lease(bind_session=True) refuse the pooler before they set the server
+    keepalives; `pglockkit once` sets them first (set_config(..., false): session-level), then
+    refuses. Through transaction pooling the settings stay on the server session PgBouncer hands
+    to the next client, which never asked for them."""
+    b = bouncer("transaction", pool_size=1)
+    with psycopg.connect(b.dsn(), autocommit=True, prepare_threshold=None) as before:
+        default = before.execute("SHOW tcp_user_timeout").fetchone()[0]
+    out = subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", "once", "nightly", "--slot", "s1", "--dsn", b.dsn(), "--",
+         sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1 and "pglockkit once needs a direct connection" in out.stderr, out.stderr
+    with psycopg.connect(b.dsn(), autocommit=True, prepare_threshold=None) as other:
+        assert other.execute("SHOW tcp_user_timeout").fetchone()[0] == default

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from pglockkit import cli
@@ -70,6 +72,11 @@ def test_an_empty_queue_is_a_usage_error(capsys):
         ["scheduler", "--once", "--every", "nan"],
         ["top", "--interval", "-1"],
         ["top", "--interval", "nan"],
+        # docs/cli.md: "A pause (`--every`, `--interval`, `--poll`) is a positive number of
+        # seconds, at most a day". sample --every took any duration: -5 took a sample, then died
+        # of a ValueError traceback in time.sleep; 0 samples without pause.
+        ["sample", "--every", "-5"],
+        ["sample", "--every", "0"],
     ],
     ids=lambda a: " ".join(a),
 )
@@ -79,3 +86,34 @@ def test_an_interval_that_is_not_a_positive_finite_number_is_a_usage_error(argv,
     with pytest.raises(SystemExit) as exc:
         cli.main([*argv, "--dsn", "postgresql:///unused"])
     assert exc.value.code == 2
+
+
+def test_every_command_but_up_and_down_takes_embedded():
+    # README ("Two commands"): "`pglockkit down` stops it. Every other command takes `--embedded`
+    # to target it"; docs/cli.md: "Connection: `--dsn`, else `--embedded`, ...".
+    # `pglockkit demo --embedded` was a usage error (exit 2, "unrecognized arguments").
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    refuse = [
+        name
+        for name, sub in commands.items()
+        if name not in ("up", "down") and not any("--embedded" in a.option_strings for a in sub._actions)
+    ]
+    assert refuse == []
+
+
+@pytest.mark.parametrize("lease", [float("inf"), float("nan"), 1e300])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_worker_lease_that_is_not_finite_is_refused_naming_lease(lease, asynchronous):
+    # Worker(lease=...) takes seconds as a float too. NaN, inf and 1e300 reached timedelta() and
+    # raised "cannot convert float NaN to integer" (ValueError) or OverflowError, naming no
+    # parameter, where poll_interval, group_time and reconnect_cap say what is wrong.
+    import pglockkit
+    import pglockkit.aio as aio
+
+    async def ahandler(job):
+        pass
+
+    cls, handler = (aio.Worker, ahandler) if asynchronous else (pglockkit.Worker, lambda job: None)
+    with pytest.raises(ValueError, match="lease"):
+        cls("postgresql:///unused", "w", handler, lease=lease)

@@ -145,3 +145,28 @@ def test_slugs_are_githubs():
     assert slug("Install, privileges and uninstall") == "install-privileges-and-uninstall"
     assert slug("Errors and SQLSTATEs") == "errors-and-sqlstates"
     assert anchors('# A\n## B\n## B\n<a id="x"></a>\n') == {"a", "b", "b-1", "x"}
+
+
+# The public docstrings' examples are skipped by doctest (they need a database), so nothing
+# checked the results they print. These two can be checked without one.
+
+
+def test_the_register_namespace_docstring_shows_the_derived_id():
+    import pglockkit
+
+    # register_namespace(conn, "billing", ...) with no id returns the id derived from the name.
+    doc = pglockkit.register_namespace.__doc__
+    name, shown = re.search(r'>>> register_namespace\(conn, "(\w+)"[^\n]*\n\s*(\d+)', doc).groups()
+    assert int(shown) == pglockkit.namespace_id(name), (name, shown)
+
+
+def test_the_install_docstring_shows_a_result_install_can_return():
+    import pglockkit
+    from pglockkit.install import migrations_dir
+
+    # install() returns the migrations it recorded: all of them, in order, on a fresh database (the
+    # first example), or the deltas an older install lacks; never the baseline alone.
+    ids = sorted(p.stem for p in migrations_dir().glob("*.sql"))
+    shown = re.search(r">>> install\([^\n]*\n\s*\[(.*)\]", pglockkit.install.__doc__).group(1)
+    listed = [s.strip().strip("'") for s in shown.split(",") if s.strip() != "..."]
+    assert len(listed) >= 2 and listed == ids[: len(listed)], shown
