@@ -274,20 +274,26 @@ def test_prune_runs_deletes_finished_runs_only(db):
         assert start_run(a, "prune", "s1", "a") is not None
 
 
-def test_run_once_records_a_failure_whose_message_holds_nul_and_the_slot_does_not_rerun(db):
-    """A body's exception is recorded as the run's failure whatever its text holds: an error
-    message carrying a NUL byte (binary data in a ValueError, say) must not make the recording
-    fail, leave the run 'running' (abandoned once the connection closes), let the next pod run the
-    slot again, and replace the body's exception with a psycopg DataError."""
+@pytest.mark.parametrize(
+    "message",
+    ["unexpected bytes b'\x00\x01' in row 7", "cannot parse report-\udcff.csv"],
+    ids=["nul", "lone-surrogate"],
+)
+def test_run_once_records_a_failure_the_server_cannot_store_as_is_and_the_slot_does_not_rerun(db, message):
+    """A body's exception is recorded as the run's failure whatever its text holds: a NUL byte
+    (PostgreSQL text cannot hold one) or a lone surrogate (a file name read from a non-UTF-8
+    directory, which psycopg cannot encode) made finish_run raise, which replaced the body's
+    exception, left the run 'running' (abandoned once the connection closed), and let the next pod
+    run the slot again."""
 
     class BadRecord(Exception):
         pass
 
-    with pytest.raises(BadRecord), pglockkit.run_once(db.dsn, "nul-detail", "2026-11-30") as run:
+    with pytest.raises(BadRecord), pglockkit.run_once(db.dsn, "odd-detail", "2026-11-30") as run:
         assert run is not None
-        raise BadRecord("unexpected bytes b'\x00\x01' in row 7")
-    assert _history(db.conn, "nul-detail") == [("2026-11-30", "failed", 1)]
-    with pglockkit.run_once(db.dsn, "nul-detail", "2026-11-30") as again:
+        raise BadRecord(message)
+    assert _history(db.conn, "odd-detail") == [("2026-11-30", "failed", 1)]
+    with pglockkit.run_once(db.dsn, "odd-detail", "2026-11-30") as again:
         assert again is None, "a failed slot ran again"
 
 
@@ -430,21 +436,3 @@ def test_six_pods_racing_for_a_sigkilled_runners_slot_take_it_over_once(db):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-
-
-def test_run_once_records_a_failure_whose_message_holds_a_lone_surrogate(db):
-    """The NUL fix's sibling: Python text PostgreSQL cannot be sent. A file name read with
-    os.listdir / os.fsdecode from a non-UTF-8 directory holds a lone surrogate ('\\udcff'); an
-    exception naming it made finish_run raise UnicodeEncodeError (the parameter cannot be encoded),
-    which replaced the body's exception, left the run 'running' (abandoned once the connection
-    closed), and let the next pod run the slot again."""
-
-    class BadFile(Exception):
-        pass
-
-    with pytest.raises(BadFile), pglockkit.run_once(db.dsn, "surrogate-detail", "2026-11-30") as run:
-        assert run is not None
-        raise BadFile("cannot parse report-\udcff.csv")
-    assert _history(db.conn, "surrogate-detail") == [("2026-11-30", "failed", 1)]
-    with pglockkit.run_once(db.dsn, "surrogate-detail", "2026-11-30") as again:
-        assert again is None, "a failed slot ran again"
