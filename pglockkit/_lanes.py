@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from psycopg.pq import TransactionStatus
 
@@ -62,6 +62,7 @@ MAX_LEASE = timedelta(days=7)  # claim_job's limit
 # the pool's default, 30 s, a worker stopped during an outage took that long to return.
 POOL_WAIT = 3.0
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
+LONGEST_PAUSE = 86400.0  # seconds, a day: the longest poll, group time, reconnect pause (and CLI pause)
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,6 @@ class Settings:
     exactly_once: bool
     tick_schedules: bool = True
 
-    MAX_WAIT: ClassVar[float] = 86400.0  # a day: the longest poll, group time or reconnect pause
-
     @classmethod
     def checked(
         cls,
@@ -193,11 +192,11 @@ class Settings:
             )
         # Finite, as well: a NaN passes any comparison's negation, and an idle lane spun on it (or,
         # waiting an infinite poll_interval, died of OverflowError in Condition.wait).
-        if not 0 <= group_time <= cls.MAX_WAIT:
-            raise ValueError(f"group_time must be 0 to {cls.MAX_WAIT:g} seconds, got {group_time!r}")
-        if not 0 < poll_interval <= cls.MAX_WAIT:
+        if not 0 <= group_time <= LONGEST_PAUSE:
+            raise ValueError(f"group_time must be 0 to {LONGEST_PAUSE:g} seconds, got {group_time!r}")
+        if not 0 < poll_interval <= LONGEST_PAUSE:
             raise ValueError(
-                f"poll_interval must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {poll_interval!r}"
+                f"poll_interval must be over 0 and at most {LONGEST_PAUSE:g} seconds, got {poll_interval!r}"
             )
         try:
             job_lease = _calls.seconds(lease)
@@ -207,9 +206,9 @@ class Settings:
             # claim_job refuses it (22023, 22003): every claim would fail, retried for ever.
             got = lease if job_lease is None else job_lease
             raise ValueError(f"lease must be more than 0 and at most 7 days, got {got}")
-        if not 0 < reconnect_cap <= cls.MAX_WAIT:
+        if not 0 < reconnect_cap <= LONGEST_PAUSE:
             raise ValueError(
-                f"reconnect_cap must be over 0 and at most {cls.MAX_WAIT:g} seconds, got {reconnect_cap!r}"
+                f"reconnect_cap must be over 0 and at most {LONGEST_PAUSE:g} seconds, got {reconnect_cap!r}"
             )
         return cls(
             queue,

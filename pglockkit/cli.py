@@ -17,7 +17,7 @@ import psycopg
 
 from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs, scheduling
 from pglockkit import _format as fmt
-from pglockkit._lanes import BATCH, GROUP, GROUP_TIME
+from pglockkit._lanes import BATCH, GROUP, GROUP_TIME, LONGEST_PAUSE
 from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
@@ -63,7 +63,7 @@ def _duration(text: str) -> timedelta:
 def _pause(text: str) -> timedelta:
     """A pause between two rounds, as ``_duration``: more than 0, at most a day."""
     value = _duration(text)
-    if not timedelta(0) < value <= timedelta(days=1):
+    if not timedelta(0) < value <= timedelta(seconds=LONGEST_PAUSE):
         raise argparse.ArgumentTypeError(f"must be more than 0 and at most a day, got {text!r}")
     return value
 
@@ -451,8 +451,8 @@ def _positive_int(text: str) -> int:
 def _seconds(text: str) -> float:
     """A pause in seconds: a positive number, at most a day."""
     value = _positive_float(text)
-    if value > 86400:
-        raise argparse.ArgumentTypeError(f"must be at most 86400 seconds (a day), got {text!r}")
+    if value > LONGEST_PAUSE:
+        raise argparse.ArgumentTypeError(f"must be at most {LONGEST_PAUSE:g} seconds (a day), got {text!r}")
     return value
 
 

@@ -28,6 +28,7 @@ from yoyo.connections import DatabaseURI
 from pglockkit.connection import connect
 from pglockkit.errors import DependentObjects, LockTimeout, PreReleaseInstall
 from pglockkit.keys import lock_key, namespace_id
+from pglockkit.retry import backoff
 
 log = logging.getLogger("pglockkit.install")
 
@@ -198,9 +199,9 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
 
 def _apply_waiting_briefly(backend, migrations, timeout_s: float) -> list:
     """Apply what is pending; returns it. A migration whose statement waited its lock out
-    (``MIGRATION_LOCK_WAIT_MS``) was rolled back whole; it is tried again after a growing pause,
-    for ``timeout_s`` in all, then ``LockTimeout``."""
-    deadline, pause, pending = time.monotonic() + timeout_s, 0.1, None
+    (``MIGRATION_LOCK_WAIT_MS``) was rolled back whole; it is tried again after a pause
+    (``retry.backoff``), for ``timeout_s`` in all, then ``LockTimeout``."""
+    deadline, pending, attempt = time.monotonic() + timeout_s, None, 0
     while True:
         try:
             with backend.lock():
@@ -209,13 +210,13 @@ def _apply_waiting_briefly(backend, migrations, timeout_s: float) -> list:
                 backend.apply_migrations(left)
             return pending
         except psycopg.errors.LockNotAvailable as exc:
-            waiting = backend.to_apply(migrations)
+            waiting, pause = backend.to_apply(migrations), backoff(attempt, base=0.1)
+            attempt += 1
             if time.monotonic() + pause > deadline:
                 raise LockTimeout(
                     f"migration {waiting[0].id if waiting else '?'} could not take a lock it needs: "
                     f"another transaction held it for the {timeout_s:g} s the install waits "
                     "(lock_timeout_s); that migration and the ones after it were not applied",
-                    sqlstate="55P03",
                     hint="A long transaction on pglockkit's tables holds it (a job handler's, or a "
                     "session idle in transaction: SELECT * FROM pglockkit.lock_waits). Run install "
                     "again once it has ended, or with a longer lock timeout.",
@@ -224,7 +225,6 @@ def _apply_waiting_briefly(backend, migrations, timeout_s: float) -> list:
                 "a migration waits for a lock held by another transaction; trying again in %.1fs", pause
             )
             time.sleep(pause)
-            pause = min(pause * 2, 5.0)
 
 
 def _refuse_unknown_migrations(conn: psycopg.Connection, migrations) -> None:

@@ -1134,20 +1134,26 @@ COMMENT ON FUNCTION pglockkit.cancel_job(bigint) IS
 -- dedup key meanwhile, once per job. A dead job whose dedup key an unfinished job of the queue has
 -- stays dead (dedup keys are unique among unfinished jobs, index jobs_dedup).
 CREATE FUNCTION pglockkit._requeue_dead(queue text, ids bigint[])
-RETURNS TABLE (concurrency_key text, concurrency_limit integer)
+RETURNS TABLE (n integer, keys text[], limits integer[])
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    UPDATE pglockkit.jobs j
-       SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-     WHERE j.id OPERATOR(pg_catalog.=) ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
-       AND (j.dedup_key IS NULL
-            OR NOT EXISTS (SELECT FROM pglockkit.jobs p
-                            WHERE p.queue = j.queue AND p.dedup_key = j.dedup_key AND p.status IN ('queued', 'running')))
-    RETURNING j.concurrency_key, j.concurrency_limit
+    WITH requeued AS (
+        UPDATE pglockkit.jobs j
+           SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
+         WHERE j.id OPERATOR(pg_catalog.=) ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
+           AND (j.dedup_key IS NULL
+                OR NOT EXISTS (SELECT FROM pglockkit.jobs p
+                                WHERE p.queue = j.queue AND p.dedup_key = j.dedup_key AND p.status IN ('queued', 'running')))
+        RETURNING j.concurrency_key, j.concurrency_limit
+    )
+    SELECT pg_catalog.count(*)::int,
+           pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
+           pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
+      FROM requeued r
 $$;
 COMMENT ON FUNCTION pglockkit._requeue_dead(text, bigint[]) IS
-    'Private: retry_dead_jobs''s UPDATE of the dead jobs in ids (a dead job whose dedup key an unfinished job has is left dead); runs with its caller''s rights.';
+    'Private: retry_dead_jobs''s UPDATE of the dead jobs in ids (a dead job whose dedup key an unfinished job has is left dead): how many, and the concurrency keys and limits of those queued again. Runs with its caller''s rights.';
 
 CREATE FUNCTION pglockkit.retry_dead_jobs(queue text, ids bigint[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1179,10 +1185,7 @@ BEGIN
         RETURN 0;
     END IF;
     BEGIN
-        SELECT pg_catalog.count(*)::int,
-               pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
-               pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
-          INTO v_n, v_keys, v_limits
+        SELECT r.n, r.keys, r.limits INTO v_n, v_keys, v_limits
           FROM pglockkit._requeue_dead(retry_dead_jobs.queue, v_ids) r;
     EXCEPTION WHEN unique_violation THEN
         -- An enqueue took the dedup key of one of them after the check: one job at a time, each
@@ -1190,10 +1193,7 @@ BEGIN
         v_n := 0;
         FOREACH v_id IN ARRAY v_ids LOOP
             BEGIN
-                SELECT pg_catalog.count(*)::int,
-                       pg_catalog.array_agg(r.concurrency_key) FILTER (WHERE r.concurrency_key IS NOT NULL),
-                       pg_catalog.array_agg(r.concurrency_limit) FILTER (WHERE r.concurrency_key IS NOT NULL)
-                  INTO v_one, v_k, v_l
+                SELECT r.n, r.keys, r.limits INTO v_one, v_k, v_l
                   FROM pglockkit._requeue_dead(retry_dead_jobs.queue, ARRAY[v_id]) r;
                 v_n := v_n OPERATOR(pg_catalog.+) v_one;
                 v_keys := v_keys OPERATOR(pg_catalog.||) v_k;
