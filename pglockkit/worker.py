@@ -125,6 +125,7 @@ class Worker(WorkerBase):
     def _ready(self) -> None:
         self._wake = threading.Condition()
         self._wakeups = 0
+        self._stop_asked = False  # by stop(): a plain flag, which a signal handler may set
         self._delegate: Any = None
         if is_async(self.handler):
             from pglockkit.aio import Worker as AsyncWorker
@@ -143,11 +144,19 @@ class Worker(WorkerBase):
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
-        Safe from any thread and from a signal handler."""
+        Safe from any thread and from a signal handler: it sets a flag, which the thread in
+        ``run`` passes on to the lanes within a quarter of a second. (Waking them takes locks, and
+        a signal handler runs in the main thread wherever it was, perhaps inside one of them.)"""
         if self._delegate:
             self._delegate.stop()
-        self._stopping.set()
-        self._notify()
+        self._stop_asked = True
+
+    def _pass_on_stop(self) -> bool:
+        """In the thread of ``run``: wake the lanes if ``stop`` was asked. True once stopping."""
+        if self._stop_asked and not self._stopping.is_set():
+            self._stopping.set()
+            self._notify()
+        return self._stopping.is_set()
 
     def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
         """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
@@ -229,11 +238,17 @@ class Worker(WorkerBase):
         finally:
             lane.forget()
 
-    def _pause(self, failures: int, what: str) -> int:
+    def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
         self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
-        self._stopping.wait(pause)
+        if not in_run:
+            self._stopping.wait(pause)
+            return failures + 1
+        # The thread of run() keeps looking for a stop(): no lock held while it waits.
+        deadline = time.monotonic() + pause
+        while not self._pass_on_stop() and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.25))
         return failures + 1
 
     def _drive(self, lane: Lane, conn: LaneConnection) -> str:
@@ -305,6 +320,7 @@ class Worker(WorkerBase):
         failures = 0
         ticker = Ticker(self.settings.tick_schedules)
         while any(t.is_alive() for t in lanes):
+            self._pass_on_stop()
             try:
                 if listener.closed and self._stopping.is_set():
                     time.sleep(0.25)  # the lanes are ending: no reconnects (the pause is 0 now)
@@ -326,7 +342,9 @@ class Worker(WorkerBase):
                         ticker.failed(exc)
             except psycopg.OperationalError as exc:
                 listener.close()
-                failures = self._pause(failures, f"listen connection lost ({first_line(exc)}); reconnecting")
+                failures = self._pause(
+                    failures, f"listen connection lost ({first_line(exc)}); reconnecting", in_run=True
+                )
         return listener
 
     def _install_signal_handlers(self) -> Callable[[], None]:
