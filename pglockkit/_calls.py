@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from pglockkit import _nscache
 from pglockkit.connection import SERVER_KEEPALIVES
-from pglockkit.errors import LockTimeout, PoolerDetected, translated
+from pglockkit.errors import InvalidArgument, LockTimeout, PoolerDetected, translated
 from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
 
 T = TypeVar("T")
@@ -181,6 +181,20 @@ def _ms(elapsed: float) -> float:
 # --- locks ----------------------------------------------------------------------------------
 
 
+INT4 = (-(2**31), 2**31 - 1)
+
+
+def int4(name: str, value: int | None) -> int | None:
+    """An argument of a SQL function that takes ``integer``. psycopg sends a Python int beyond
+    int4 as a bigint, and the call then failed with 42883 (no such function, add casts) instead of
+    a range error: refused here with 22003, naming the argument."""
+    if value is not None and not INT4[0] <= value <= INT4[1]:
+        raise InvalidArgument(
+            f"{name} {value} is out of range (an integer: at most {INT4[1]:,})", sqlstate="22003"
+        )
+    return value
+
+
 def lock_event(event: str, ns: str, resource: object, key: int | None, **fields: object) -> None:
     """The structured record of an acquisition, skip, timeout or release (``record.pglockkit``)."""
     if not locks_log.isEnabledFor(logging.INFO):
@@ -203,7 +217,8 @@ def register_namespace(
     name: str, id: int | None, description: str | None, lock_timeout: Timeout
 ) -> Call[int]:
     return Call(
-        "SELECT pglockkit.register_namespace(%s, %s, %s, %s)", (name, id, description, interval(lock_timeout))
+        "SELECT pglockkit.register_namespace(%s, %s, %s, %s)",
+        (name, int4("id", id), description, interval(lock_timeout)),
     )
 
 
@@ -665,12 +680,12 @@ def enqueue(
             "payload": Jsonb({} if payload is None else payload),
             "run_at": run_at,
             "delay": None if delay is None else seconds(delay),
-            "priority": priority,
+            "priority": int4("priority", priority),
             "dedup": dedup_key,
             "ckey": concurrency_key,
-            "climit": concurrency_limit,
+            "climit": int4("concurrency_limit", concurrency_limit),
             "rkey": rate_key,
-            "max": max_attempts,
+            "max": int4("max_attempts", max_attempts),
         },
     )
 
@@ -680,7 +695,13 @@ def enqueue_many(
 ) -> Call[list[int]]:
     return Call(
         "SELECT pglockkit.enqueue_jobs(%s, %s::jsonb[], now(), %s, %s, %s)",
-        (queue, [Jsonb(p) for p in payloads], priority, max_attempts, rate_key),
+        (
+            queue,
+            [Jsonb(p) for p in payloads],
+            int4("priority", priority),
+            int4("max_attempts", max_attempts),
+            rate_key,
+        ),
     )
 
 
@@ -688,7 +709,7 @@ def claim(queue: str, worker: str, lease: float | timedelta, batch: int) -> Call
     return Call(
         "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at, concurrency_key "
         "FROM pglockkit.claim_job(%s, %s, %s, %s)",
-        (queue, worker, seconds(lease), batch),
+        (queue, worker, seconds(lease), int4("batch", batch)),
         decode=lambda rows: [Job(*row) for row in rows],
     )
 
@@ -733,7 +754,7 @@ def cancel(job_id: int) -> Call[bool]:
 def set_rate_limit(queue: str, key: str, rate: int, per: float | timedelta, burst: int) -> Call[None]:
     return Call(
         "SELECT pglockkit.set_rate_limit(%s, %s, %s, %s, %s)",
-        (queue, key, rate, seconds(per), burst),
+        (queue, key, int4("rate", rate), seconds(per), int4("burst", burst)),
         decode=_nothing,
     )
 
@@ -771,7 +792,7 @@ def jobs(queue: str, status: str | None, limit: int) -> Call[list[dict]]:
         # As text: a run_at of +-infinity (stored before enqueue refused it) has no Python datetime.
         "date_trunc('seconds', run_at)::text, worker, left(payload::text, 40), left(last_error, 40) "
         "FROM pglockkit.list_jobs(%s, %s, %s)",
-        (queue, status, limit),
+        (queue, status, int4("limit", limit)),
         decode=_dicts(JOB_LIST_COLUMNS),
     )
 
@@ -798,7 +819,7 @@ def runs(job: str | None, limit: int) -> Call[list[dict]]:
     return Call(
         "SELECT id, job, slot, holder, status, attempt, date_trunc('seconds', started_at) AS started_at, "
         "date_trunc('milliseconds', duration), detail FROM pglockkit.run_history "
-        "WHERE %s::text IS NULL OR job = %s ORDER BY started_at DESC LIMIT %s",
+        "WHERE %s::text IS NULL OR job = %s ORDER BY run_history.started_at DESC, id DESC LIMIT %s",
         (job, job, limit),
         decode=_dicts(RUN_COLUMNS),
     )
@@ -858,9 +879,9 @@ def schedule(
             queue,
             Jsonb({} if payload is None else payload),
             timezone,
-            priority,
-            max_attempts,
-            catch_up,
+            int4("priority", priority),
+            int4("max_attempts", max_attempts),
+            int4("catch_up", catch_up),
         ),
     )
 

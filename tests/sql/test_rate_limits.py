@@ -10,6 +10,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+import pglockkit
 from pglockkit import queue as q
 
 
@@ -290,3 +291,25 @@ def test_a_paused_queue_claims_nothing_on_any_path(db):
     for queue in queues:
         assert db.conn.execute("SELECT pglockkit.resume_queue(%s)", (queue,)).fetchone()[0] is True
         assert len(q.claim(db.conn, queue, "w", batch=5)) == 1, queue
+
+
+def test_integers_out_of_range_from_python_get_22003_naming_the_argument(db):
+    """docs/queue.md: a burst over 1,000,000 is 22003 (InvalidArgument). A Python int beyond
+    int4 went as a bigint, and the call failed with 42883 "function pglockkit.set_rate_limit(unknown,
+    unknown, smallint, interval, bigint) does not exist" and a hint to add casts; the same for
+    schedule()'s catch_up, enqueue's priority and claim's batch (and the CLI's forms of them)."""
+    big = 3_000_000_000
+    calls = {
+        "burst": lambda: q.set_rate_limit(db.conn, "q", "k", 5, 1, burst=big),
+        "catch_up": lambda: pglockkit.schedule(db.conn, "s", "* * * * *", "q", catch_up=big),
+        "priority": lambda: q.enqueue(db.conn, "q", {}, priority=-big),
+        "batch": lambda: q.claim(db.conn, "q", "w", batch=big),
+    }
+    for name, call in calls.items():
+        with pytest.raises(pglockkit.InvalidArgument) as refused:
+            call()
+        assert refused.value.sqlstate == "22003", name
+        assert f"{name} {-big if name == 'priority' else big} is out of range" in str(refused.value)
+    # Nothing was stored by the refused calls.
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0] == 0
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.rate_limits").fetchone()[0] == 0

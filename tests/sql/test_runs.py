@@ -436,3 +436,30 @@ def test_six_pods_racing_for_a_sigkilled_runners_slot_take_it_over_once(db):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_runs_lists_the_newest_first_also_within_one_second(db):
+    """`pglockkit runs` / `pglockkit.runs.runs()` are documented "newest first" (and `--limit N`
+    the N newest). The query orders by its own output column `started_at`, which it truncated
+    to the second, so runs started within one second come in arbitrary order (oldest first, as
+    stored) and `--limit 1` may return an older run than the newest."""
+    from pglockkit.runs import runs
+
+    with db.connect() as conn:
+        conn.autocommit = True
+        ids = []
+        for i in range(12):  # a few ms each: most of them share their second
+            run = start_run(conn, "newest-first", f"slot-{i}", "pod-a")
+            assert finish_run(conn, run, True)
+            ids.append(run)
+        newest_first = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM pglockkit.run_history WHERE job = 'newest-first'"
+                " ORDER BY started_at DESC, id DESC"
+            )
+        ]
+        assert newest_first == ids[::-1]  # the runs' own timestamps order them
+        listed = [r["id"] for r in runs(conn, "newest-first")]
+        assert listed == newest_first
+        assert [r["id"] for r in runs(conn, "newest-first", limit=1)] == [ids[-1]]
