@@ -227,6 +227,7 @@ class Settings:
 
 # How often a worker process ticks the schedules (pglockkit.tick_schedules), at most.
 TICK_INTERVAL = 1.0
+TICK_BACKOFF_CAP = 30.0  # seconds between ticks that keep failing
 
 # A worker's defaults (the CLI shows them).
 BATCH = 32
@@ -299,25 +300,40 @@ class WorkerBase:
 class Ticker:
     """When a worker process ticks the schedules: at most every ``TICK_INTERVAL`` seconds, on
     the LISTEN connection (idle between notifications, so the lanes never wait for a tick). A
-    database without ``tick_schedules`` (installed before schedules) turns ticking off, once."""
+    database without ``tick_schedules`` (installed before schedules) turns ticking off, once.
+    Ticks that fail (a database that refuses writes) back off, doubling up to
+    ``TICK_BACKOFF_CAP``, each failure logged on one line: not a warning every second."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self._last = -TICK_INTERVAL
+        self._failures = 0  # in a row
+        self._failed = False  # the last tick
+
+    def _wait(self) -> float:
+        return min(TICK_INTERVAL * 2**self._failures, TICK_BACKOFF_CAP) if self._failures else TICK_INTERVAL
 
     def due(self) -> bool:
         now = time.monotonic()
-        if not self.enabled or now - self._last < TICK_INTERVAL:
+        if not self.enabled or now - self._last < self._wait():
             return False
-        self._last = now
+        if self._failures and not self._failed:
+            log.warning("tick_schedules works again after %d failure(s)", self._failures)
+            self._failures = 0
+        self._last, self._failed = now, False
         return True
 
     def failed(self, exc: Exception) -> None:
         if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
             self.enabled = False
             log.warning("schedules not ticked: no pglockkit.tick_schedules here (run pglockkit install)")
-        else:
-            log.warning("tick_schedules failed: %s", error_text(exc))
+            return
+        self._failures += 1
+        self._failed = True
+        text = error_text(exc).splitlines()[0]
+        log.warning(
+            "tick_schedules failed (%d in a row, next in %.0f s): %s", self._failures, self._wait(), text
+        )
 
 
 class Budget:

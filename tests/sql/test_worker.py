@@ -789,3 +789,27 @@ def test_groups_recording_completions_and_failures_of_shared_keys_do_not_deadloc
         "SELECT concurrency_key, status, attempt FROM pglockkit.jobs"
         " WHERE concurrency_key IS NOT NULL ORDER BY id"
     ).fetchall() == [("k1", "done", 1), ("k2", "dead", 1), ("k2", "done", 1), ("k1", "dead", 1)]
+
+
+@pytest.mark.slow
+def test_a_database_refusing_writes_does_not_get_a_tick_failure_logged_every_second(db, caplog):
+    """A database that refuses writes (default_transaction_read_only, as a standby refuses them)
+    fails every claim and every tick. The lanes back off up to reconnect_cap; the schedule ticker
+    tried again, and logged a five-line warning, every second for as long as it lasted (3,600 an
+    hour per worker process). Its ticks back off too (1, 2, 4 s ... up to 30 s), a line each."""
+    db.conn.execute(f'ALTER DATABASE "{db.conn.info.dbname}" SET default_transaction_read_only = on')
+    caplog.set_level("WARNING", "pglockkit.queue")
+    worker = pglockkit.Worker(db.dsn, "w", record)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        time.sleep(7)
+    finally:
+        worker.stop()
+        runner.join(30)
+    ticks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tick_schedules failed")]
+    lanes = [r.getMessage() for r in caplog.records if "lane error" in r.getMessage()]
+    assert lanes and "read-only transaction" in lanes[0]  # the outage was seen
+    assert 1 <= len(ticks) <= 3, ticks  # at 0, 2 and 6 s; it was one a second
+    assert all("\n" not in t and "read-only transaction" in t for t in ticks), ticks
+    assert "(1 in a row, next in 2 s)" in ticks[0]
