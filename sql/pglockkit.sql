@@ -3620,6 +3620,7 @@ DECLARE
     v_old   pglockkit.job_schedules;
     v_error text;
     v_state text;
+    v_job   jsonb;  -- the payload as a job of this schedule carries it
 BEGIN
     IF schedule.name IS NULL OR schedule.payload IS NULL OR schedule.timezone IS NULL
        OR schedule.priority IS NULL OR schedule.max_attempts IS NULL OR schedule.catch_up IS NULL THEN
@@ -3644,8 +3645,11 @@ BEGIN
         RAISE EXCEPTION 'a schedule''s payload must not have the keys "_schedule" or "_slot": each job gets them'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF pg_catalog.pg_column_size(schedule.payload) > 4096 OR pg_catalog.pg_column_compression(schedule.payload) IS NOT NULL THEN
-        PERFORM pglockkit._check_payloads(ARRAY[schedule.payload]);
+    -- Checked as its jobs carry it, with "_schedule" and "_slot" (0016): a payload under the limit
+    -- whose jobs were over it was accepted, and every slot was skipped.
+    v_job := schedule.payload || pg_catalog.jsonb_build_object('_schedule', schedule.name, '_slot', '2000-01-01T00:00:00Z');
+    IF pg_catalog.pg_column_size(v_job) > 4096 OR pg_catalog.pg_column_compression(v_job) IS NOT NULL THEN
+        PERFORM pglockkit._check_payloads(ARRAY[v_job]);
     END IF;
     IF schedule.max_attempts NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'max_attempts % is out of range', schedule.max_attempts
@@ -3659,8 +3663,10 @@ BEGIN
     v_spec := pglockkit._cron_parse(schedule.cron);
     PERFORM pg_catalog.now() AT TIME ZONE schedule.timezone;  -- 22023: time zone "..." not recognized
     LOOP
-        v_now := pg_catalog.clock_timestamp();
         SELECT * INTO v_old FROM pglockkit.job_schedules j WHERE j.name = schedule.name FOR UPDATE;
+        -- After the row is ours (0016): a tick that held it meanwhile has enqueued the slots up
+        -- to its own clock, and the new definition starts after this one's.
+        v_now := pg_catalog.clock_timestamp();
         IF FOUND THEN
             -- Slots of the old definition that are due are enqueued by it first; the new one
             -- starts after now: no slot twice, none lost. If the old definition cannot enqueue
@@ -4113,6 +4119,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedule_payload_as_its_jobs_carry_it');
 
 COMMIT;

@@ -486,6 +486,7 @@ DECLARE
     v_old   pglockkit.job_schedules;
     v_error text;
     v_state text;
+    v_job   jsonb;  -- the payload as a job of this schedule carries it
 BEGIN
     IF schedule.name IS NULL OR schedule.payload IS NULL OR schedule.timezone IS NULL
        OR schedule.priority IS NULL OR schedule.max_attempts IS NULL OR schedule.catch_up IS NULL THEN
@@ -510,8 +511,11 @@ BEGIN
         RAISE EXCEPTION 'a schedule''s payload must not have the keys "_schedule" or "_slot": each job gets them'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF pg_catalog.pg_column_size(schedule.payload) > 4096 OR pg_catalog.pg_column_compression(schedule.payload) IS NOT NULL THEN
-        PERFORM pglockkit._check_payloads(ARRAY[schedule.payload]);
+    -- Checked as its jobs carry it, with "_schedule" and "_slot" (0016): a payload under the limit
+    -- whose jobs were over it was accepted, and every slot was skipped.
+    v_job := schedule.payload || pg_catalog.jsonb_build_object('_schedule', schedule.name, '_slot', '2000-01-01T00:00:00Z');
+    IF pg_catalog.pg_column_size(v_job) > 4096 OR pg_catalog.pg_column_compression(v_job) IS NOT NULL THEN
+        PERFORM pglockkit._check_payloads(ARRAY[v_job]);
     END IF;
     IF schedule.max_attempts NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'max_attempts % is out of range', schedule.max_attempts
@@ -525,8 +529,10 @@ BEGIN
     v_spec := pglockkit._cron_parse(schedule.cron);
     PERFORM pg_catalog.now() AT TIME ZONE schedule.timezone;  -- 22023: time zone "..." not recognized
     LOOP
-        v_now := pg_catalog.clock_timestamp();
         SELECT * INTO v_old FROM pglockkit.job_schedules j WHERE j.name = schedule.name FOR UPDATE;
+        -- After the row is ours (0016): a tick that held it meanwhile has enqueued the slots up
+        -- to its own clock, and the new definition starts after this one's.
+        v_now := pg_catalog.clock_timestamp();
         IF FOUND THEN
             -- Slots of the old definition that are due are enqueued by it first; the new one
             -- starts after now: no slot twice, none lost. If the old definition cannot enqueue

@@ -416,3 +416,26 @@ def test_unschedule_while_four_sessions_tick_stops_the_slots_at_once(db):
     slots = _slots(db, "q")
     assert slots == at_unschedule  # nothing after unschedule returned
     assert len(slots) >= 2 and len({s for s, _ in slots}) == len(slots)  # each slot once
+
+
+def test_schedule_refuses_a_payload_whose_jobs_would_be_over_the_payload_limit(db):
+    """Each job of a schedule carries its payload plus "_schedule" (the name, up to 1024 bytes)
+    and "_slot". schedule() checked the payload alone: one that fit while its jobs did not was
+    accepted, and then every slot was skipped (a WARNING and last_error at each tick), the limit
+    unchanged: the schedule never ran. It is refused up front now (54000), and a payload whose
+    jobs fit is stored and runs."""
+    c = db.conn
+    c.execute("SELECT pglockkit.set_max_payload_bytes(4096)")
+    name = "n" * 1000
+    too_big = Jsonb({"blob": "x" * 4070})
+    assert c.execute("SELECT pg_column_size(%s::jsonb)", (too_big,)).fetchone()[0] <= 4096
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded) as refused:
+        c.execute("SELECT pglockkit.schedule(%s, '* * * * *', 'q', %s)", (name, too_big))
+    assert "over the limit max_payload_bytes 4096" in str(refused.value)
+    assert c.execute("SELECT count(*) FROM pglockkit.schedules").fetchone()[0] == 0
+    fits = Jsonb({"blob": "x" * 2900})  # with the name and the slot, under 4096 bytes
+    c.execute("SELECT pglockkit.schedule(%s, '* * * * *', 'q', %s)", (name, fits))
+    now = c.execute("SELECT now()").fetchone()[0]
+    _backdate(db, name, now.replace(second=0, microsecond=0) - timedelta(minutes=1))
+    assert c.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 1
+    assert c.execute("SELECT last_error FROM pglockkit.schedules").fetchone()[0] is None
