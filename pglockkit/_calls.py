@@ -759,6 +759,21 @@ def set_rate_limit(queue: str, key: str, rate: int, per: float | timedelta, burs
     )
 
 
+def _schema_before(exc: Exception, _elapsed: float) -> None:
+    """A call's ``failed`` for a function that a database installed before it lacks: None."""
+    if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
+        return None
+    raise exc
+
+
+def next_rate_token(queue: str) -> Call[float | None]:
+    """Seconds until a rate-limited key of ``queue`` that has due jobs gets its next token; None
+    when no due job waits for one (or the database predates the function: 0016)."""
+    return Call(
+        "SELECT extract(epoch FROM pglockkit.next_rate_token(%s))::float8", (queue,), failed=_schema_before
+    )
+
+
 def remove_rate_limit(queue: str, key: str) -> Call[bool]:
     return Call("SELECT pglockkit.remove_rate_limit(%s, %s)", (queue, key))
 

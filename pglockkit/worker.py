@@ -160,7 +160,9 @@ class Worker(WorkerBase):
 
     def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
         """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
-        found the queue without a due job). Returns the number of jobs processed."""
+        found the queue without a due job, other than ones a paused queue or a concurrency limit
+        holds back: a due job waiting for its rate key's next token is waited for). Returns the
+        number of jobs processed."""
         if self._delegate:
             return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
         self._budget = Budget(max_jobs)
@@ -220,6 +222,9 @@ class Worker(WorkerBase):
                 try:
                     with pool.connection() as conn:
                         why = self._drive(lane, conn)
+                        token_in = (
+                            _calls.run(conn, _calls.next_rate_token(self.queue)) if why == IDLE else None
+                        )
                     failures = 0
                 except (psycopg.OperationalError, PoolTimeout) as exc:
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
@@ -232,9 +237,9 @@ class Worker(WorkerBase):
                         log.error("lane error", exc_info=True)
                     failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
                     continue
-                if why != IDLE or exit_when_idle or self._stopping.is_set():
+                if why != IDLE or self._stopping.is_set() or (exit_when_idle and token_in is None):
                     return
-                self._wait_for_work(seen)
+                self._wait_for_work(seen, token_in)
         finally:
             lane.forget()
 
@@ -309,11 +314,13 @@ class Worker(WorkerBase):
             self._wakeups += 1
             self._wake.notify_all()
 
-    def _wait_for_work(self, seen: int) -> None:
+    def _wait_for_work(self, seen: int, token_in: float | None) -> None:
+        """Until a NOTIFY, a stop, the poll interval, or a rate token that due jobs wait for."""
+        timeout = (
+            self.settings.poll_interval if token_in is None else min(token_in, self.settings.poll_interval)
+        )
         with self._wake:
-            self._wake.wait_for(
-                lambda: self._wakeups != seen or self._stopping.is_set(), timeout=self.settings.poll_interval
-            )
+            self._wake.wait_for(lambda: self._wakeups != seen or self._stopping.is_set(), timeout=timeout)
 
     def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
         """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""

@@ -2856,6 +2856,33 @@ SELECT q.queue, q.key, q.rate, q.per, q.burst,
 COMMENT ON VIEW pglockkit.rate_limits IS
     'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
 
+-- A worker whose claim came back empty while the queue's due jobs wait only for a rate token
+-- sleeps until that token, not its whole poll interval (nothing NOTIFYs when a token comes): a key
+-- limited to 10 a second ran at one job per poll interval (0016). Keys with a token now are left
+-- out: what holds their jobs back is not the rate (a claim of another lane, a concurrency limit).
+CREATE FUNCTION pglockkit.next_rate_token(queue text) RETURNS interval
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM pglockkit._check_queue(next_rate_token.queue);
+    IF EXISTS (SELECT FROM pglockkit.paused_queues p WHERE p.queue = next_rate_token.queue) THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT pg_catalog.min(q.tat - q.step * (q.burst - 1)) - v_now
+              FROM pglockkit.job_rates q
+             WHERE q.queue = next_rate_token.queue
+               AND q.tat - q.step * (q.burst - 1) > v_now
+               AND EXISTS (SELECT FROM pglockkit.jobs j
+                            WHERE j.queue = q.queue AND j.rate_key = q.key
+                              AND j.status = 'queued' AND j.run_at <= v_now));
+END
+$$;
+COMMENT ON FUNCTION pglockkit.next_rate_token(text) IS
+    'How long until a rate-limited key of queue that has due queued jobs gets its next token (what a worker whose claim came back empty sleeps at most); NULL when no due job waits for a token, or the queue is paused. 22004 for a NULL queue, 22023 for an empty one.';
+
 CREATE FUNCTION pglockkit.set_rate_limit(queue text, key text, rate integer, per interval, burst integer DEFAULT 1)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -4119,6 +4146,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedule_payload_as_its_jobs_carry_it');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits');
 
 COMMIT;

@@ -1346,6 +1346,33 @@ SELECT q.queue, q.key, q.rate, q.per, q.burst,
 COMMENT ON VIEW pglockkit.rate_limits IS
     'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
 
+-- A worker whose claim came back empty while the queue's due jobs wait only for a rate token
+-- sleeps until that token, not its whole poll interval (nothing NOTIFYs when a token comes): a key
+-- limited to 10 a second ran at one job per poll interval (0016). Keys with a token now are left
+-- out: what holds their jobs back is not the rate (a claim of another lane, a concurrency limit).
+CREATE FUNCTION pglockkit.next_rate_token(queue text) RETURNS interval
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM pglockkit._check_queue(next_rate_token.queue);
+    IF EXISTS (SELECT FROM pglockkit.paused_queues p WHERE p.queue = next_rate_token.queue) THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT pg_catalog.min(q.tat - q.step * (q.burst - 1)) - v_now
+              FROM pglockkit.job_rates q
+             WHERE q.queue = next_rate_token.queue
+               AND q.tat - q.step * (q.burst - 1) > v_now
+               AND EXISTS (SELECT FROM pglockkit.jobs j
+                            WHERE j.queue = q.queue AND j.rate_key = q.key
+                              AND j.status = 'queued' AND j.run_at <= v_now));
+END
+$$;
+COMMENT ON FUNCTION pglockkit.next_rate_token(text) IS
+    'How long until a rate-limited key of queue that has due queued jobs gets its next token (what a worker whose claim came back empty sleeps at most); NULL when no due job waits for a token, or the queue is paused. 22004 for a NULL queue, 22023 for an empty one.';
+
 CREATE FUNCTION pglockkit.set_rate_limit(queue text, key text, rate integer, per interval, burst integer DEFAULT 1)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -694,6 +694,7 @@ FUNCTIONS: dict[str, Fn] = {
         {NULL_, BAD, RANGE, CHECK},
     ),
     "remove_rate_limit(text, text)": fn([queue_p, ("key", text_arg(("r1", "r2")))], {NULL_, BAD}),
+    "next_rate_token(text)": fn([queue_p], {NULL_, BAD}),
     "pause_queue(text)": fn([new_queue_p], {NULL_, BAD, CHECK}),
     "resume_queue(text)": fn([queue_p], {NULL_, BAD}),
 }
@@ -1136,6 +1137,7 @@ FATAL_NULLS = {
     "set_max_payload_bytes": ("bytes",),
     "set_rate_limit": ("queue", "key", "rate", "per", "burst"),
     "remove_rate_limit": ("queue", "key"),
+    "next_rate_token": ("queue",),
     "pause_queue": ("queue",),
     "resume_queue": ("queue",),
     # A text that is not a name of anything is a valid name: these fail on NULL.

@@ -248,6 +248,7 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         "pglockkit.fail_job(bigint,bigint,text,interval)",
         "pglockkit.finish_run(bigint,boolean,text)",
         "pglockkit.list_jobs(text,text,integer)",
+        "pglockkit.next_rate_token(text)",
         "pglockkit.pause_queue(text)",
         "pglockkit.prune_jobs(interval,text,boolean)",
         "pglockkit.prune_leases(interval)",

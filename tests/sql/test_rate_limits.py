@@ -313,3 +313,52 @@ def test_integers_out_of_range_from_python_get_22003_naming_the_argument(db):
     # Nothing was stored by the refused calls.
     assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0] == 0
     assert db.conn.execute("SELECT count(*) FROM pglockkit.rate_limits").fetchone()[0] == 0
+
+
+def test_next_rate_token_says_how_long_due_jobs_wait_for_a_token(db):
+    c = db.conn
+    wait = "SELECT extract(epoch FROM pglockkit.next_rate_token(%s))::float8"
+    c.execute("SELECT pglockkit.set_rate_limit('nt', 'k', 1, '1 second', 1)")
+    assert c.execute(wait, ("nt",)).fetchone()[0] is None  # no job waits
+    q.enqueue_many(c, "nt", [{}, {}], rate_key="k")
+    assert c.execute(wait, ("nt",)).fetchone()[0] is None  # a token now: nothing waits for one
+    assert len(q.claim(c, "nt", "w", batch=2)) == 1  # takes the token; one job left due
+    assert 0.5 < c.execute(wait, ("nt",)).fetchone()[0] <= 1.0
+    q.enqueue(c, "nt", {}, rate_key="other")  # a key without a limit waits for nothing
+    assert 0.5 < c.execute(wait, ("nt",)).fetchone()[0] <= 1.0
+    assert c.execute("SELECT pglockkit.pause_queue('nt')").fetchone()[0] is True
+    assert c.execute(wait, ("nt",)).fetchone()[0] is None  # paused: no token makes a job claimable
+    assert c.execute(wait, ("elsewhere",)).fetchone()[0] is None
+    for bad, state in (("NULL", "22004"), ("''", "22023")):
+        with pytest.raises(psycopg.Error) as refused:
+            c.execute(f"SELECT pglockkit.next_rate_token({bad})")
+        assert refused.value.sqlstate == state
+
+
+@pytest.mark.parametrize("exit_when_idle", [False, True], ids=["running", "exit-when-idle"])
+def test_a_worker_starts_a_limited_keys_jobs_at_its_rate_not_its_poll_interval(db, exit_when_idle):
+    """A worker (poll_interval 1 s, the default) over a backlog of one key limited to 10 a second
+    (burst 1) found the key without a token 100 ms before the next one and slept its whole poll
+    interval (no NOTIFY comes with a token): one job a second. With exit_when_idle it stopped
+    after the first job, the rest due and waiting only for tokens."""
+    from pglockkit.worker import Worker
+
+    db.conn.execute("SELECT pglockkit.set_rate_limit('wr', 'k', 10, '1 second', 1)")
+    q.enqueue_many(db.conn, "wr", [{"i": i} for i in range(200 if not exit_when_idle else 20)], rate_key="k")
+
+    def handler(job, conn) -> None:
+        pass
+
+    worker = Worker(db.dsn, "wr", handler, tick_schedules=False)
+    if exit_when_idle:
+        started = time.monotonic()
+        assert worker.run(exit_when_idle=True) == 20
+        assert time.monotonic() - started >= 1.7  # 19 tokens at 10 a second: it obeyed the limit
+        return
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    time.sleep(4)
+    worker.stop()
+    runner.join(30)
+    done = db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status = 'done'").fetchone()[0]
+    assert 0.7 * 10 * 4 <= done <= 10 * 4 + 2, done  # the limit, not the poll interval, sets the pace

@@ -1,4 +1,4 @@
--- pglockkit 0016: what an adversarial review of schedules found.
+-- pglockkit 0016: what an adversarial review of schedules and rate limits found.
 -- * schedule() checked its payload against max_payload_bytes alone, but each job carries it plus
 --   "_schedule" (the name, up to 1024 bytes) and "_slot": a payload that fit while its jobs did
 --   not was accepted, and every slot was then skipped (54000 at each tick), the limit unchanged.
@@ -6,6 +6,10 @@
 -- * schedule() read the clock before it locked the schedule's row: it now reads it after, so that
 --   a tick that held the row meanwhile and enqueued slots up to its own clock is never followed by
 --   a new definition starting before that clock (a slot enqueued twice).
+-- * next_rate_token(queue): how long until a rate-limited key with due jobs gets its next token.
+--   A worker whose claim came back empty slept its whole poll interval (nothing NOTIFYs when a
+--   token comes), so a key limited to 10 a second ran at one job a second; and exit_when_idle
+--   stopped with due jobs left that waited only for a token.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -108,4 +112,27 @@ BEGIN
     END LOOP;
 END
 $$;
+
+CREATE FUNCTION pglockkit.next_rate_token(queue text) RETURNS interval
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM pglockkit._check_queue(next_rate_token.queue);
+    IF EXISTS (SELECT FROM pglockkit.paused_queues p WHERE p.queue = next_rate_token.queue) THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT pg_catalog.min(q.tat - q.step * (q.burst - 1)) - v_now
+              FROM pglockkit.job_rates q
+             WHERE q.queue = next_rate_token.queue
+               AND q.tat - q.step * (q.burst - 1) > v_now
+               AND EXISTS (SELECT FROM pglockkit.jobs j
+                            WHERE j.queue = q.queue AND j.rate_key = q.key
+                              AND j.status = 'queued' AND j.run_at <= v_now));
+END
+$$;
+COMMENT ON FUNCTION pglockkit.next_rate_token(text) IS
+    'How long until a rate-limited key of queue that has due queued jobs gets its next token (what a worker whose claim came back empty sleeps at most); NULL when no due job waits for a token, or the queue is paused. 22004 for a NULL queue, 22023 for an empty one.';
 SELECT pglockkit._grant_privileges();
