@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -180,7 +181,12 @@ def cmd_grant(args: argparse.Namespace) -> int:
 
 
 def cmd_key(args: argparse.Namespace) -> int:
-    resource: str | int = int(args.resource) if args.int else args.resource
+    resource: str | int = args.resource
+    if args.int:
+        # Decimal digits only: int() would also take ' 12', '1_000' and other scripts' digits.
+        if not re.fullmatch(r"-?[0-9]+", args.resource):
+            args.key_parser.error(f"--int: RESOURCE must be an integer, got {args.resource!r}")
+        resource = int(args.resource)
     with connect(_dsn(args), autocommit=True) as conn:
         print(locks.resource_key(conn, args.namespace, resource))
     return 0
@@ -637,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("key", cmd_key, "print the advisory-lock key of a resource", parents=[conn_opts])
     p.add_argument("namespace")
     p.add_argument("resource")
-    p.add_argument("--int", action="store_true", help="the resource is an integer id")
+    p.add_argument("--int", action="store_true", help="the resource is an integer id (decimal digits)")
+    p.set_defaults(key_parser=p)
     p = add(
         "once",
         cmd_once,

@@ -117,3 +117,17 @@ def test_a_worker_lease_that_is_not_finite_is_refused_naming_lease(lease, asynch
     cls, handler = (aio.Worker, ahandler) if asynchronous else (pglockkit.Worker, lambda job: None)
     with pytest.raises(ValueError, match="lease"):
         cls("postgresql:///unused", "w", handler, lease=lease)
+
+
+@pytest.mark.parametrize("resource", ["x", "1.5", "0x10"])
+def test_key_int_with_a_resource_that_is_not_an_integer_is_a_usage_error(resource, capsys):
+    # docs/cli.md: "usage errors exit 2". `pglockkit key NS RESOURCE --int` with a resource that
+    # is not an integer raised ValueError out of cmd_key: a Python traceback and exit status 1.
+    try:
+        code = cli.main(["key", "--dsn", "postgresql:///unused", "billing", resource, "--int"])
+    except SystemExit as exc:  # an argparse error
+        code = exc.code
+    except ValueError as exc:  # what it does now: the traceback a user sees
+        pytest.fail(f"pglockkit key --int {resource!r} crashed with a traceback: {exc!r}")
+    err = capsys.readouterr().err
+    assert code == 2 and resource in err and "Traceback" not in err
