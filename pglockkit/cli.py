@@ -809,7 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration,
         default=timedelta(minutes=5),
         metavar="DURATION",
-        help="report queues whose oldest ready job waited this long (default 5m)",
+        help="report queues whose oldest ready job waited this long, and sessions or prepared "
+        "transactions holding the xmin horizon back this long (default 5m)",
     )
     p = add(
         "top",

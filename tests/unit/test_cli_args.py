@@ -131,3 +131,14 @@ def test_key_int_with_a_resource_that_is_not_an_integer_is_a_usage_error(resourc
         pytest.fail(f"pglockkit key --int {resource!r} crashed with a traceback: {exc!r}")
     err = capsys.readouterr().err
     assert code == 2 and resource in err and "Traceback" not in err
+
+
+def test_doctor_help_says_lag_after_also_bounds_the_xmin_horizon_check(capsys):
+    # docs/monitoring.md: doctor reports "an xmin horizon held back for longer than --lag-after"
+    # (monitor.doctor passes lag_after to check_xmin_horizon), but `pglockkit doctor --help`
+    # described --lag-after as the queue lag alone.
+    with pytest.raises(SystemExit):
+        cli.main(["doctor", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    lag_after = out[out.index("--lag-after DURATION report") :]
+    assert "xmin" in lag_after[: lag_after.index("connection:")], lag_after
