@@ -211,11 +211,15 @@ def cmd_once(args: argparse.Namespace) -> int:
 def _cell(value: object) -> str:
     if value is None:
         return ""
+    if isinstance(value, timedelta):
+        # str() of a negative timedelta reads as time left: '-1 day, 23:59:59.5' is -0.5s.
+        return fmt.age(value)
     return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 def _print_table(columns: tuple[str, ...], rows: list[dict]) -> None:
-    """Aligned columns under a header; NULL prints as nothing, JSON (a schedule's payload) as JSON."""
+    """Aligned columns under a header; NULL prints as nothing, JSON (a schedule's payload) as JSON,
+    an interval (a lease's expires_in, a run's duration, a rate's per) as ``top`` prints ages."""
     cells = [[_cell(r[c]) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,7 +149,7 @@ def test_pause_resume_and_rate_limit_commands_and_what_top_and_doctor_show(db):
     assert out.stdout.strip() == "queue mail, key smtp: at most 10 per 1.0m, burst 3", out.stderr
     listed = run("rate-limit", "list", "--dsn", db.dsn).stdout.splitlines()
     assert listed[0].split()[:5] == ["queue", "key", "rate", "per", "burst"]
-    assert listed[1].split()[:5] == ["mail", "smtp", "10", "0:01:00", "3"]
+    assert listed[1].split()[:5] == ["mail", "smtp", "10", "1.0m", "3"]
     bad = run("rate-limit", "set", "mail", "smtp", "10", "--burst", "0", "--dsn", db.dsn)
     assert bad.returncode == 2 and "--burst" in bad.stderr  # argparse: a positive integer
     assert run("rate-limit", "set", "mail", "--dsn", db.dsn).returncode == 2
@@ -166,3 +168,19 @@ def test_what_follows_a_double_dash_is_not_dropped_by_commands_other_than_once(d
         assert payloads == [{"a": 1}], f"the payload after -- was dropped: {payloads}"
     else:
         assert out.returncode == 2 and payloads == []
+
+
+def test_leases_shows_how_long_ago_an_expired_lease_expired(db):
+    """`pglockkit leases` printed expires_in with Python's str(timedelta): a lease that expired
+    half a second ago showed as `-1 day, 23:59:59.500000`, which reads as a day left. It should
+    print a negative age, as `top` and the other columns do (pglockkit._format.age: '-0.5s')."""
+    db.conn.execute("SELECT pglockkit.acquire_lease('gone-by', 'pod-a', '50 ms')")
+    db.conn.execute("SELECT pglockkit.acquire_lease('still-held', 'pod-b', '1 hour')")
+    time.sleep(0.3)
+    out = run("leases", "--dsn", db.dsn)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("gone-by"))
+    assert "day" not in row, row
+    assert re.search(r"\s-\d+\.\ds\s", row), row  # expired: a negative time left, '-0.3s'
+    row = next(line for line in out.stdout.splitlines() if line.startswith("still-held"))
+    assert re.search(r"\s(59\.\d|60\.0)m\s", row), row  # an hour left: '60.0m'
