@@ -546,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every lock event")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.set_defaults(command_parsers=sub.choices)  # for main(): see INTERMIXED
 
     def add(name: str, func, help_text: str, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, **kw)
@@ -874,19 +875,39 @@ def _check_rate_limit_args(args: argparse.Namespace) -> None:
         args.rate_limit_parser.error(f"rate-limit {args.action} {what}")
 
 
+# Commands with an optional operand after a required one (enqueue QUEUE [JSON], rate-limit ACTION
+# [QUEUE] [KEY] [RATE]). argparse fills such operands at the first run of operands, so an option
+# between two of them made it refuse the rest ("unrecognized arguments"); these parse intermixed.
+INTERMIXED = ("enqueue", "rate-limit")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argv as argparse reads it, but options and operands of INTERMIXED commands in any order."""
+    # The command is the first word that is not an option: the top level's only option is -v.
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    command = argv[at] if at < len(argv) else None
+    top = argv[:at]
+    if command in INTERMIXED and all(a in ("-v", "--verbose") for a in top):
+        # parse_intermixed_args cannot take the top level's subcommands, so the command's own
+        # parser reads its words; -- still ends its options.
+        args = parser.get_default("command_parsers")[command].parse_intermixed_args(argv[at + 1 :])
+        args.verbose, args.command = bool(top), command
+        return args
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `pglockkit once JOB [options] -- COMMAND ...`: the command is everything after the first --,
     # options included, so it is split off before argparse sees it.
     # Any other command gets its -- from argparse: what follows it is operands (a payload, say).
-    # (The command is the first word that is not an option: the top level's only option is -v.)
     run_command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         if next((a for a in argv[:cut] if not a.startswith("-")), None) == "once":
             argv, run_command = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     args.run_command = run_command
     if args.command == "rate-limit":
         _check_rate_limit_args(args)
