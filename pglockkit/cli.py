@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -73,7 +74,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     dsn = embedded.start(args.data)
     applied = install(dsn)
     psql = shutil.which("psql") or str(embedded.bin_dir() / "psql")
-    print(f"PostgreSQL (embedded) is running, data in {embedded.data_dir(args.data)}")
+    pgdata = embedded.data_dir(args.data)
+    # Without --data, `down` and `--embedded` find the same directory (the default, or
+    # $PGLOCKKIT_DATA_DIR as set for this command); with it, the hints must name it.
+    data = f" --data {shlex.quote(str(pgdata))}" if args.data else ""
+    print(f"PostgreSQL (embedded) is running, data in {pgdata}")
     print(f"pglockkit installed ({len(applied)} migration(s) applied now)")
     print()
     print(f"DSN:   {dsn}")
@@ -82,7 +87,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print()
     print("Try:   SELECT pglockkit.register_namespace('demo');")
     print("       SELECT pglockkit.try_lock('demo', 'nightly-report');")
-    print("Stop:  pglockkit down")
+    print(f"Watch: pglockkit top --embedded{data}")
+    print(f"Stop:  pglockkit down{data}")
     return 0
 
 

@@ -68,3 +68,38 @@ def test_lease_tokens_keep_increasing_across_a_server_restart(tmp_path):
         assert first == [1, 2, 3] and after == 4
     finally:
         run("down", data=data)
+
+
+def test_up_with_data_prints_a_stop_command_that_stops_that_server(tmp_path):
+    """`pglockkit up --data DIR` ends with "Stop:  pglockkit down", which stops the server of the
+    default data dir (someone else's, or none), not the one just started in DIR: the hint must
+    name the directory. The printed command is run with PGLOCKKIT_DATA_DIR pointing at an empty
+    directory, so a wrong hint cannot stop a server of the machine's default data dir."""
+    data = tmp_path / "pg"
+    elsewhere = tmp_path / "no-server-here"
+    env = {k: v for k, v in os.environ.items() if k != "PGLOCKKIT_DATA_DIR"}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pglockkit.cli", "up", "--data", str(data)],
+            capture_output=True, text=True, timeout=180, env=env,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        stop = re.search(r"^Stop:\s+pglockkit (.+)$", out.stdout, re.M).group(1).split()
+        dsn = re.search(r"^DSN:\s+(\S+)$", out.stdout, re.M).group(1)
+        # The other command it prints reaches that server too, not the default data dir's.
+        watch = re.search(r"^Watch:\s+pglockkit (.+)$", out.stdout, re.M).group(1).split()
+        top = run(*[a.strip("'\"") for a in watch], "--once", data=elsewhere)
+        assert top.returncode == 0, (watch, top.stderr)
+        done = run(*[a.strip("'\"") for a in stop], data=elsewhere)
+        assert done.returncode == 0 and "stopped" in done.stdout, (stop, done.stdout)
+        try:
+            psycopg.connect(dsn, connect_timeout=3).close()
+        except psycopg.OperationalError:
+            pass
+        else:
+            raise AssertionError(f"`pglockkit {' '.join(stop)}` left the server of {data} running")
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "pglockkit.cli", "down", "--data", str(data)],
+            capture_output=True, text=True, timeout=180, env=env,
+        )  # fmt: skip
