@@ -278,7 +278,8 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    """Tick every `--every` seconds until SIGTERM/SIGINT (the tick in progress finishes)."""
+    """Tick every `--every` seconds until SIGTERM/SIGINT (the tick in progress finishes); a lost
+    connection is retried at the next tick. With `--once`, tick once: an error exits 1."""
     import signal
 
     # The handler only sets a flag: a threading.Event's set() takes a lock that the interrupted
@@ -300,7 +301,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                 if n:
                     log.info("enqueued %d job(s) from schedules", n)
             except psycopg.OperationalError as exc:
-                print(f"pglockkit scheduler: connection lost ({exc}); retrying", file=sys.stderr)
+                if args.once:
+                    # A cron job's tick that ticked nothing must fail: main() prints it, exit 1.
+                    raise
+                what = "cannot connect" if conn is None else "connection lost"
+                print(f"pglockkit scheduler: {what} ({exc}); retrying", file=sys.stderr)
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -636,7 +641,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--every", type=_seconds, default=1.0, metavar="SECONDS", help="seconds between ticks (default 1)"
     )
-    p.add_argument("--once", action="store_true", help="tick once and exit")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="tick once and exit; exit 1 if it cannot connect or the tick fails (the loop retries)",
+    )
     p = add("namespaces", cmd_namespaces, "list the lock namespace registry", parents=[conn_opts])
     p.add_argument("--markdown", action="store_true", help="print the table for a service README")
     p = add(

@@ -439,3 +439,19 @@ def test_schedule_refuses_a_payload_whose_jobs_would_be_over_the_payload_limit(d
     _backdate(db, name, now.replace(second=0, microsecond=0) - timedelta(minutes=1))
     assert c.execute("SELECT pglockkit.tick_schedules()").fetchone()[0] == 1
     assert c.execute("SELECT last_error FROM pglockkit.schedules").fetchone()[0] is None
+
+
+def test_cli_scheduler_once_that_cannot_connect_exits_1(db):
+    """docs/cli.md: errors print their SQLSTATE and exit 1. `pglockkit scheduler --once` (a cron
+    job's or a Kubernetes CronJob's tick) that cannot reach the database, or is refused by it,
+    ticked nothing: it must not exit 0 saying "0 job(s) enqueued" after promising to retry."""
+    refused = db.dsn.replace(f"user={db.conn.info.user}", "user=no_such_role_sched")
+    assert refused != db.dsn
+    done = subprocess.run(
+        [sys.executable, "-m", "pglockkit.cli", "scheduler", "--once", "--dsn", refused],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "retrying" not in done.stderr
