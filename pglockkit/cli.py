@@ -598,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--admin",
         action="store_true",
-        help="pglockkit_admin: also register namespaces, prune, retry dead jobs, sample",
+        help="pglockkit_admin: also register namespaces, list jobs (payloads of every queue), prune jobs, "
+        "leases and runs, retry dead jobs, sample, set the payload limit, schedule and unschedule, set "
+        "and remove rate limits, pause and resume queues",
     )
     p.add_argument("--revoke", action="store_true", help="take the role back instead")
     p = add(

@@ -258,7 +258,8 @@ ROLES = ("pglockkit_user", "pglockkit_admin")
 
 def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> str:
     """Give ``role`` pglockkit's worker role (``pglockkit_user``), or with ``admin`` its operator
-    role (``pglockkit_admin``: also registers namespaces, prunes, retries dead jobs, samples);
+    role (``pglockkit_admin``: also registers namespaces, lists every queue's jobs, prunes, retries
+    dead jobs, samples, sets the payload limit, schedules, sets rate limits and pauses queues);
     ``revoke`` takes it back. Returns what was done.
 
     Needs a role that may grant the group role (its admin, a CREATEROLE role or a superuser).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +144,33 @@ def test_doctor_help_says_lag_after_also_bounds_the_xmin_horizon_check(capsys):
     out = " ".join(capsys.readouterr().out.split())
     lag_after = out[out.index("--lag-after DURATION report") :]
     assert "xmin" in lag_after[: lag_after.index("connection:")], lag_after
+
+
+def test_grant_admin_help_names_everything_admin_adds():
+    # `pglockkit grant --help` said --admin adds "register namespaces, prune, retry dead jobs,
+    # sample", leaving out list_jobs, the payload limit, schedules, rate limits and pausing. The
+    # admin-only functions are those of pglockkit._admin_only (sql/schema/08_privileges.sql).
+    privileges = (Path(__file__).parents[2] / "sql" / "schema" / "08_privileges.sql").read_text()
+    admin_only = re.search(r"ANY \('\{([a-z_,]+)\}'::name\[\]\)", privileges).group(1).split(",")
+    said = {
+        "register_namespace": "register namespaces",
+        "list_jobs": "list jobs",
+        "prune_jobs": "prune jobs, leases and runs",
+        "prune_leases": "prune jobs, leases and runs",
+        "prune_runs": "prune jobs, leases and runs",
+        "retry_dead_jobs": "retry dead jobs",
+        "sample": "sample",
+        "set_max_payload_bytes": "set the payload limit",
+        "schedule": "schedule and unschedule",
+        "unschedule": "schedule and unschedule",
+        "set_rate_limit": "set and remove rate limits",
+        "remove_rate_limit": "set and remove rate limits",
+        "pause_queue": "pause and resume queues",
+        "resume_queue": "pause and resume queues",
+    }
+    assert sorted(admin_only) == sorted(said), "a new admin-only function: say it in grant --admin's help"
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    grant = next(a for a in commands["grant"]._actions if a.dest == "admin")
+    missing = [name for name in admin_only if said[name] not in grant.help]
+    assert missing == [], grant.help
