@@ -128,9 +128,13 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
         )
         return 2
     done = uninstall(_dsn(args), cascade=args.cascade)
+    if not done.schemas:
+        print("nothing to drop: pglockkit is not installed in this database")
+        return 0
     print(
-        f"dropped schemas pglockkit and pglockkit_migrations ({len(done.migrations)} migration(s) "
-        "applied); no pglockkit objects remain; roles pglockkit_user and pglockkit_admin are left"
+        f"dropped {'schemas' if len(done.schemas) > 1 else 'schema'} {' and '.join(done.schemas)} "
+        f"({len(done.migrations)} migration(s) applied); no pglockkit objects remain; roles "
+        "pglockkit_user and pglockkit_admin are left"
     )
     if done.dropped:
         print(f"--cascade also dropped {len(done.dropped)} object(s) of yours:")

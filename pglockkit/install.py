@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -113,9 +113,10 @@ class _InstallLock:
     this lock is held no other pglockkit installer runs, so a leftover yoyo lock row is stale.
     """
 
-    def __init__(self, dsn: str, timeout_s: float):
+    def __init__(self, dsn: str, timeout_s: float, *, create_schema: bool = True):
         self.dsn = dsn
         self.timeout_s = timeout_s
+        self.create_schema = create_schema  # uninstall: not on a database that never had it
 
     def __enter__(self) -> psycopg.Connection:
         self.conn = connect(self.dsn, autocommit=True, application_name="pglockkit install")
@@ -124,7 +125,8 @@ class _InstallLock:
                 "SELECT set_config('lock_timeout', %s, false)", (f"{int(self.timeout_s * 1000)}ms",)
             )
             self.conn.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK_KEY,))
-            self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
+            if self.create_schema:
+                self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
         except BaseException:
             self.conn.close()
             raise
@@ -292,11 +294,13 @@ def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> 
 
 @dataclass(frozen=True)
 class Uninstalled:
-    """What ``uninstall`` removed: the migrations that were applied (newest first) and the objects
-    outside pglockkit's schemas that ``cascade=True`` dropped with them."""
+    """What ``uninstall`` removed: the migrations that were applied (newest first), the objects
+    outside pglockkit's schemas that ``cascade=True`` dropped with them, and the kit's schemas it
+    dropped (none: pglockkit was not installed)."""
 
     migrations: list[str]
     dropped: list[str]
+    schemas: list[str] = field(default_factory=list)
 
 
 KIT_SCHEMAS = ("pglockkit", MIGRATIONS_SCHEMA)
@@ -381,9 +385,17 @@ def uninstall(dsn: str = "", *, cascade: bool = False, lock_timeout_s: float = 3
     dropped too, and listed in the result. The cluster-wide roles ``pglockkit_user`` and
     ``pglockkit_admin`` stay (other databases may use them).
     """
-    with _InstallLock(dsn, lock_timeout_s) as conn, conn.transaction():
+    with _InstallLock(dsn, lock_timeout_s, create_schema=False) as conn, conn.transaction():
         conn.execute("SET LOCAL search_path = pg_catalog")
         applied = _applied_migrations(conn)
+        schemas = [
+            r[0]
+            for r in conn.execute(
+                "SELECT nspname FROM unnest(%s::text[]) WITH ORDINALITY AS k(nspname, i) "
+                "WHERE to_regnamespace(nspname) IS NOT NULL ORDER BY i",
+                (list(KIT_SCHEMAS),),
+            )
+        ]
         # The locks DROP SCHEMA would take anyway, taken before the check: no view or foreign key on
         # the kit's tables and views can be created between the check and the drop. (A view is
         # locked alone by a no-op ALTER VIEW ... OWNER TO its owner: LOCK TABLE would lock the
@@ -406,7 +418,7 @@ def uninstall(dsn: str = "", *, cascade: bool = False, lock_timeout_s: float = 3
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     for name in dependents:
         log.info("uninstall dropped %s", name)
-    return Uninstalled(applied, dependents)
+    return Uninstalled(applied, dependents, schemas)
 
 
 BUNDLE_HEADER = """\

@@ -206,3 +206,15 @@ def test_an_optional_operand_after_an_option_is_taken_not_refused(db):
     assert db.conn.execute(
         "SELECT rate FROM pglockkit.rate_limits WHERE queue = 'mixq' AND key = 'smtp'"
     ).fetchone() == (10,)
+
+
+def test_uninstall_where_pglockkit_is_not_installed_says_there_was_nothing_to_drop(empty_db):
+    """It printed "dropped schemas pglockkit and pglockkit_migrations (0 migration(s) applied)",
+    on a database that never had them."""
+    out = run("uninstall", "--yes", "--dsn", empty_db)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "nothing to drop: pglockkit is not installed in this database"
+    assert run("install", "--dsn", empty_db).returncode == 0
+    out = run("uninstall", "--yes", "--dsn", empty_db)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("dropped schemas pglockkit and pglockkit_migrations ("), out.stdout

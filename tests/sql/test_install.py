@@ -79,8 +79,10 @@ def test_eight_installers_at_once_all_succeed(empty_db):
 
 def test_uninstall_leaves_nothing_and_reinstall_works(empty_db):
     pglockkit.install(empty_db)
-    assert pglockkit.uninstall(empty_db).migrations == ALL[::-1]
+    done = pglockkit.uninstall(empty_db)
+    assert done.migrations == ALL[::-1] and done.schemas == ["pglockkit", "pglockkit_migrations"]
     assert _objects(empty_db) == []
+    assert pglockkit.uninstall(empty_db).schemas == []  # nothing left to drop
     assert pglockkit.install(empty_db) == ALL
     assert _objects(empty_db) != []
 
