@@ -282,7 +282,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    """Tick every `--every` seconds until SIGTERM/SIGINT (the tick in progress finishes); a lost
+    """Tick every `--every` until SIGTERM/SIGINT (the tick in progress finishes); a lost
     connection is retried at the next tick. With `--once`, tick once: an error exits 1."""
     import signal
 
@@ -315,7 +315,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                 conn = None
             if args.once:
                 break
-            until = time.monotonic() + args.every
+            until = time.monotonic() + args.every.total_seconds()
             while not stopping and (left := until - time.monotonic()) > 0:
                 time.sleep(min(left, 0.1))
     finally:
@@ -645,7 +645,11 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGTERM or SIGINT stops it after the tick in progress. Needs only pglockkit_user.",
     )
     p.add_argument(
-        "--every", type=_seconds, default=1.0, metavar="SECONDS", help="seconds between ticks (default 1)"
+        "--every",
+        type=_pause,
+        default=timedelta(seconds=1),
+        metavar="DURATION",
+        help="pause between ticks, e.g. 500ms, 5s, 1m, or bare seconds (default 1s)",
     )
     p.add_argument(
         "--once",
@@ -689,7 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("leases", cmd_leases, "list leases: holder, token, expiry", parents=[conn_opts])
     p = add("runs", cmd_runs, "list singleton runs, newest first", parents=[conn_opts])
     p.add_argument("--job", help="only this job")
-    p.add_argument("--limit", type=int, default=50, help="default: %(default)s")
+    p.add_argument(
+        "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default: %(default)s)"
+    )
     p = add("enqueue", cmd_enqueue, "add a job to a queue; prints its id", parents=[conn_opts])
     p.add_argument("queue")
     p.add_argument("payload", nargs="?", type=_json, default={}, help="JSON (default: {})")

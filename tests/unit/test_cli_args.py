@@ -146,6 +146,28 @@ def test_doctor_help_says_lag_after_also_bounds_the_xmin_horizon_check(capsys):
     assert "xmin" in lag_after[: lag_after.index("connection:")], lag_after
 
 
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_runs_limit_below_1_is_a_usage_error_as_jobs_limit_is(limit, capsys):
+    # runs --limit -1 reached the server: exit 1 with error 2201W (LIMIT must not be negative), and
+    # --limit 0 listed nothing, where jobs --limit refuses both as usage errors.
+    for command in ("runs", "jobs q"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*command.split(), "--limit", limit, "--dsn", "host=/nonexistent dbname=x"])
+        assert exc.value.code == 2
+        assert f"argument --limit: must be at least 1, got '{limit}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("every", "seconds"), [("500ms", 0.5), ("5s", 5), ("1m", 60), ("2", 2), ("0.1", 0.1)]
+)
+def test_scheduler_every_takes_a_duration_as_sample_every_does(every, seconds):
+    # scheduler --every took bare seconds only: `--every 5s` was a usage error ("expected a
+    # number"), while sample --every takes 5s, 500ms, 1m.
+    for command in ("scheduler", "sample"):
+        args = cli.build_parser().parse_args([command, "--every", every])
+        assert args.every.total_seconds() == pytest.approx(seconds)
+
+
 def test_grant_admin_help_names_everything_admin_adds():
     # `pglockkit grant --help` said --admin adds "register namespaces, prune, retry dead jobs,
     # sample", leaving out list_jobs, the payload limit, schedules, rate limits and pausing. The
