@@ -1,7 +1,7 @@
 """``pglockkit.Worker``: claim jobs of a queue and run a handler on each, many at once per process.
 
 Per process, whatever ``concurrency`` is: ``concurrency`` lanes, each a thread running jobs one
-after another on a connection of its own from a ``psycopg_pool`` pool of exactly that size; one
+after another on a connection of its own (opened again after a loss, with backoff); one
 LISTEN connection (the thread that called ``run``), which wakes idle lanes on NOTIFY; one
 heartbeat thread and connection, which extends every job in hand with one ``extend_jobs``
 statement per tick. So ``concurrency + 2`` connections. What a lane does (group commit, exactly
@@ -21,7 +21,6 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from pglockkit import _calls
 from pglockkit._calls import Job
@@ -30,7 +29,6 @@ from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
-    POOL_WAIT,
     Budget,
     ClaimsConflicted,
     Handle,
@@ -171,25 +169,15 @@ class Worker(WorkerBase):
         listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")  # raises at once
         restore = self._install_signal_handlers()
         lanes: list[threading.Thread] = []
-        pool = heartbeat = None
+        heartbeat = None
         try:
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            pool = ConnectionPool(
-                self.dsn,
-                min_size=s.concurrency,
-                max_size=s.concurrency,
-                kwargs=connect_params(app, {"autocommit": True}),
-                connection_class=LaneConnection,
-                open=False,
-                name=app,
-                timeout=POOL_WAIT,
-            )
-            pool.open()
             heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
+            params = connect_params(app, {"autocommit": True})
             for i in range(s.concurrency):
                 lanes.append(
                     threading.Thread(
-                        target=self._lane, args=(pool, exit_when_idle), name=f"pglockkit-lane-{i}"
+                        target=self._lane, args=(params, exit_when_idle), name=f"pglockkit-lane-{i}"
                     )
                 )
                 lanes[-1].start()
@@ -201,32 +189,34 @@ class Worker(WorkerBase):
                 t.join()
             if heartbeat is not None:
                 heartbeat.close()
-            if pool is not None:
-                pool.close()
             listener.close()
             restore()
         return self.processed
 
     # --- lanes ----------------------------------------------------------------------------
 
-    def _lane(self, pool: ConnectionPool, exit_when_idle: bool) -> None:
+    def _lane(self, params: dict[str, Any], exit_when_idle: bool) -> None:
+        """A lane on a connection of its own, opened again after a loss with the worker's backoff
+        (a pool reconnected on its own schedule: 1 s doubling, so up to a minute late)."""
         lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
         failures = 0
+        conn: LaneConnection | None = None
         try:
             while True:
                 if failures and self._stopping.is_set():
                     # Stopping after a failure (the server may be down): the jobs in hand go back by
-                    # their lease. Trying again would wait out the pool's timeout, again and again.
+                    # their lease. Trying again would wait out the connect timeout, again and again.
                     return
                 seen = self._wakeups
                 try:
-                    with pool.connection() as conn:
-                        why = self._drive(lane, conn)
-                        token_in = (
-                            _calls.run(conn, _calls.next_rate_token(self.queue)) if why == IDLE else None
-                        )
+                    if conn is None or conn.closed:
+                        conn = LaneConnection.connect(self.dsn, **params)
+                    why = self._drive(lane, conn)
+                    token_in = None if why != IDLE else _calls.run(conn, _calls.next_rate_token(self.queue))
                     failures = 0
-                except (psycopg.OperationalError, PoolTimeout) as exc:
+                except psycopg.OperationalError as exc:
+                    if conn is not None:
+                        conn.close()
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
                     continue
                 except ClaimsConflicted as exc:  # nothing held, nothing undone
@@ -242,6 +232,8 @@ class Worker(WorkerBase):
                 self._wait_for_work(seen, token_in)
         finally:
             lane.forget()
+            if conn is not None:
+                conn.close()
 
     def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)

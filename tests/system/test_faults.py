@@ -6,12 +6,14 @@ for speed): the guarantees below are the ones a durable server gives.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -271,3 +273,151 @@ def test_the_server_frees_a_vanished_hosts_lock_within_the_keepalive_window(db):
     assert 2.5 <= freed_after <= 8, freed_after  # window: 1 + 1 * 2 = 3 s, plus the TCP timers' slack
     print(f"keepalive window 1 + 1 * 2 s: lock freed {freed_after:.1f} s after the host vanished")
     assert _vanish_and_time_release(db, "none", give_up=2 * freed_after) is None
+
+
+# --- a private server per test: stopped, restarted and frozen without touching the shared ones ---
+
+
+class PrivateServer:
+    """A server of the same version as ``server``, started for one test only (its own data
+    directory and port): a test may stop it, restart it or freeze its backends."""
+
+    OPTIONS = "-c fsync=off -c synchronous_commit=off -c max_connections=60 -c listen_addresses=127.0.0.1"
+
+    def __init__(self, bindir, base):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base = base
+        self.datadir = base / "data"
+        self._pg_ctl = [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "pg_ctl_unprivileged.py"),
+            str(bindir / "pg_ctl"),
+        ]
+        self.pg_ctl("initdb", "-o", "-U postgres -A trust")
+        self.start()
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE app")
+        pglockkit.install(self.dsn())
+
+    def dsn(self, dbname: str = "app") -> str:
+        return make_conninfo(host="127.0.0.1", port=self.port, user="postgres", dbname=dbname)
+
+    def pg_ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self._pg_ctl, *args, "-D", str(self.datadir)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        self.pg_ctl(
+            "start", "-w", "-l", str(self.base / "log"),
+            "-o", f"-p {self.port} -k {self.base} {self.OPTIONS}",
+        )  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self.pg_ctl("stop", "-w", "-m", mode)
+
+
+@pytest.fixture
+def private_server(server, tmp_path):
+    srv = PrivateServer(server.bindir, tmp_path / "private")
+    try:
+        yield srv
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            srv.stop("immediate")
+
+
+def _wait_for(what: str, check, timeout: float) -> float:
+    """Seconds until ``check()`` is true; fails after ``timeout``."""
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_a_worker_reconnects_within_its_reconnect_cap_after_an_outage(private_server):
+    """The worker's docs: a lost connection is retried with backoff doubling from 0.1 s up to
+    ``reconnect_cap``. The lanes' connections came from a psycopg_pool pool, which reconnected on
+    its own schedule (1 s doubling): after a 16 s outage its next attempt was at about 31 s, and
+    the worker sat idle for 12 to 16 s with the server up. Each lane now opens its own."""
+    dsn = private_server.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE done_log (job_id bigint)")
+
+    def done() -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM done_log").fetchone()[0]
+
+    def handler(job, conn):
+        conn.execute("INSERT INTO done_log VALUES (%s)", (job.id,))
+
+    worker = pglockkit.Worker(dsn, "w", handler, lease=5, poll_interval=0.2, reconnect_cap=1)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            q.enqueue(conn, "w", {})
+        _wait_for("the first job", lambda: done() == 1, 20)
+        private_server.stop("fast")
+        time.sleep(16)
+        private_server.start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            q.enqueue(conn, "w", {})
+        took = _wait_for("a job after the outage", lambda: done() == 2, 60)
+    finally:
+        worker.stop()
+        runner.join(30)
+    # reconnect_cap=1: a lane tries again at least every second
+    assert took < 6, f"the worker ran its first job {took:.1f} s after the server was back"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["sample", "--every", "0.3s"], ["top", "--interval", "0.3"]])
+def test_sample_and_top_go_on_after_a_server_restart(private_server, command):
+    """`pglockkit sample --every D` is how a contention history is kept (docs/monitoring.md), and
+    `top` watches it. A server restart ended both (exit 1, "terminating connection due to
+    administrator command"), and the history stopped for good. They say the connection was lost
+    and go on once the server is back; `work` and `scheduler` already did."""
+    dsn = private_server.dsn()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pglockkit.cli", *command, "--dsn", dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None
+        private_server.stop("fast")
+        time.sleep(1)
+        private_server.start()
+        time.sleep(2)
+        assert proc.poll() is None, f"{command[0]} exited {proc.returncode}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            after = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (f"pglockkit {command[0]}",),
+            ).fetchone()[0]
+        assert after == 1  # connected again
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert "connection lost" in err and "retrying" in err, err
+    if command[0] == "sample":
+        numbers = [
+            int(line.split()[1].rstrip(":")) for line in err.splitlines() if line.startswith("sample ")
+        ]
+        assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 6, err
+    else:
+        assert out.count("\x1b[2J") >= 6
