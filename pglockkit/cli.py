@@ -12,8 +12,10 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 
@@ -25,6 +27,8 @@ from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
 from pglockkit.worker import Worker
+
+T = TypeVar("T")
 
 log = logging.getLogger("pglockkit.schedules")
 
@@ -420,33 +424,70 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.rank() >= threshold for f in findings) else 0
 
 
-def cmd_top(args: argparse.Namespace) -> int:
-    with connect(_dsn(args), autocommit=True, application_name="pglockkit top") as conn:
-        if args.once:
-            print(monitor.render_top(conn))
-            return 0
+class _Reconnecting:
+    """The connection of a command that runs until stopped (top, sample). The first connect fails
+    the command (a wrong DSN is not an outage); a connection lost later is opened again at the next
+    round, with a line on stderr, so that a server restart does not end the command."""
+
+    def __init__(self, args: argparse.Namespace, name: str):
+        self.dsn, self.name = _dsn(args), name
+        self.conn: psycopg.Connection | None = self._connect()
+
+    def _connect(self) -> psycopg.Connection:
+        return connect(self.dsn, autocommit=True, application_name=f"pglockkit {self.name}")
+
+    def run(self, step: Callable[[psycopg.Connection], T]) -> T | None:
+        """``step(conn)``, or None (said on stderr) when the server cannot be reached."""
         try:
-            while True:
-                frame = monitor.render_top(conn)
+            if self.conn is None:
+                self.conn = self._connect()
+            return step(self.conn)
+        except psycopg.OperationalError as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"pglockkit {self.name}: connection lost ({text}); retrying", file=sys.stderr)
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    if args.once:
+        with connect(_dsn(args), autocommit=True, application_name="pglockkit top") as conn:
+            print(monitor.render_top(conn))
+        return 0
+    session = _Reconnecting(args, "top")
+    try:
+        while True:
+            frame = session.run(monitor.render_top)
+            if frame is not None:
                 sys.stdout.write("\x1b[H\x1b[2J" + frame + "\n")
                 sys.stdout.flush()
-                time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        session.close()
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    with connect(_dsn(args), autocommit=True, application_name="pglockkit sample") as conn:
-        taken = 0
-        try:
-            while args.count is None or taken < args.count:
-                if taken:
-                    time.sleep(args.every.total_seconds())
-                rows = monitor.sample(conn, args.retention)
+    session = _Reconnecting(args, "sample")
+    taken = 0
+    try:
+        while args.count is None or taken < args.count:
+            rows = session.run(lambda conn: monitor.sample(conn, args.retention))
+            if rows is not None:  # a sample the server could not take is not counted
                 taken += 1
                 print(f"sample {taken}: {rows} lock key(s) recorded", file=sys.stderr)
-        except KeyboardInterrupt:
-            pass
+            if args.count is None or taken < args.count:
+                time.sleep(args.every.total_seconds())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        session.close()
     return 0
 
 
