@@ -631,6 +631,7 @@ def renewal_error(exc: Exception) -> str:
 
 
 RENEWAL_REFUSED = "renewal refused: the lease expired or changed hands"
+RENEWAL_UNANSWERED = "no renewal answered within the ttl"
 
 
 # --- queue ----------------------------------------------------------------------------------

@@ -30,9 +30,9 @@ import psycopg
 from pglockkit import _calls
 from pglockkit._aio_worker import Worker
 from pglockkit._calls import Job, Timeout
-from pglockkit.connection import connect_params
+from pglockkit.connection import connect_params, sever
 from pglockkit.errors import RetryableError
-from pglockkit.leases import CALL_ERRORS, _LeaseState, default_holder
+from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
 from pglockkit.retry import check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
 
@@ -271,6 +271,7 @@ class Lease(_LeaseState):
 
     _event_type = asyncio.Event
     _task: asyncio.Task[None] | None = None
+    _call: asyncio.Future[bool] | None = None  # the renewal in flight, or the last one
 
     async def __aenter__(self) -> Lease:
         self._stop = asyncio.Event()
@@ -279,10 +280,12 @@ class Lease(_LeaseState):
             if self.bind_session:  # a direct connection, told to notice a vanished host
                 await _calls.arun(self._conn, _calls.refuse_pooler(self._conn, *_calls.BOUND_LEASE))
                 await set_server_keepalives(self._conn)
+            started = time.monotonic()
             self.token = await acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
         except BaseException:
             await self._conn.close()
             raise
+        self._renewed(started)
         _calls.lease_acquire_event(self.name, self.holder, self.token)
         if self.acquired:
             self._task = asyncio.create_task(self._renew_loop(), name=f"lease-{self.name}")
@@ -294,13 +297,37 @@ class Lease(_LeaseState):
 
     async def _renew_loop(self) -> None:
         while True:
+            wait, runs_out = self._next_renewal()
             try:  # a stop ends the wait, never a renewal in flight on the lease's connection
-                await asyncio.wait_for(self._stop.wait(), self.renew_every)
+                await asyncio.wait_for(self._stop.wait(), wait)
                 return
             except TimeoutError:
                 pass
+            if runs_out:
+                await self._alose(_calls.RENEWAL_UNANSWERED)
+                await self._let_go()
+                return
+            started = time.monotonic()
+            # A task of its own, awaited with a deadline: cancelling a query in flight waits for
+            # the server to answer the cancel (up to 10 s in psycopg), a frozen one never does.
+            self._call = call = asyncio.ensure_future(
+                renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
+            )
             try:
-                ok = await renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
+                await asyncio.wait([call], timeout=self._valid_until - started)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            if not call.done():
+                # Unanswered: a rival may hold the lease by now. The call would wait for TCP to
+                # give up: make it fail now.
+                sever(self._conn)
+                await self._alose(_calls.RENEWAL_UNANSWERED)
+                await asyncio.wait([call], timeout=SEVERED_WAIT)
+                call.add_done_callback(lambda c: c.cancelled() or c.exception())  # an error nobody reads
+                return
+            try:
+                ok = call.result()
             except CALL_ERRORS as exc:
                 await self._alose(_calls.renewal_error(exc))
                 await self._let_go()
@@ -308,6 +335,7 @@ class Lease(_LeaseState):
             if not ok:  # renew_lease has let go of this session's key already
                 await self._alose(_calls.RENEWAL_REFUSED)
                 return
+            self._renewed(started)
 
     async def _alose(self, reason: str) -> None:
         """``_lose``, awaiting what ``on_lost`` returns if it is awaitable (an ``async def``)."""
@@ -340,7 +368,10 @@ class Lease(_LeaseState):
         except psycopg.OperationalError:
             pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
         finally:
-            await self._conn.close()
+            if self._call is None or self._call.done():
+                await self._conn.close()
+            else:  # still waiting on the socket: left to the call, which ends when TCP gives up
+                _calls.leases_log.warning("lease %s: renewal still in flight, connection left", self.name)
 
 
 # --- queue ----------------------------------------------------------------------------------

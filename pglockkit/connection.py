@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 from typing import Any
 
 import psycopg
@@ -79,3 +81,16 @@ def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | Non
     from pglockkit import _calls  # _calls reads SERVER_KEEPALIVES from here
 
     _calls.run(conn, _calls.server_keepalives(window))
+
+
+def sever(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
+    """Shut the connection's socket down, from any thread: a call blocked on it (a frozen backend,
+    a partition with the query in flight, where no keepalive probe is sent) fails at once with
+    ``OperationalError`` instead of waiting for TCP to give up. The connection is broken after
+    it; close it once the call has returned. Does nothing to a closed connection."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()

@@ -12,19 +12,25 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
+from concurrent import futures
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from pglockkit import _calls
-from pglockkit.connection import connect, set_server_keepalives
+from pglockkit.connection import connect, set_server_keepalives, sever
 from pglockkit.errors import PglockkitError
 
 # What a call on the lease's own connection may raise: the driver's errors and the ones
 # pglockkit maps them to (a lock timeout, a serialization failure, ...).
 CALL_ERRORS = (psycopg.Error, PglockkitError)
+
+# How long a lease lost to an unanswered renewal waits for that call to fail once its socket is
+# shut down, before it leaves the connection to it (closing it under the call is not safe).
+SEVERED_WAIT = 5.0
 
 
 def default_holder() -> str:
@@ -99,6 +105,11 @@ class _LeaseState:
         self.token: int | None = None
         self.lost = self._event_type()
         self.lost_reason: str | None = None
+        # Until when (time.monotonic()) the lease is known to be ours: the start of the last
+        # acquire or renewal that answered, plus the ttl. The server counts the ttl from when the
+        # call arrived, later, so past this time a holder that heard nothing cannot know that
+        # the lease is still its own, and declares it lost.
+        self._valid_until = 0.0
 
     @property
     def acquired(self) -> bool:
@@ -107,6 +118,15 @@ class _LeaseState:
     @property
     def application_name(self) -> str:
         return f"pglockkit lease {self.name}"
+
+    def _renewed(self, started: float) -> None:
+        self._valid_until = started + self.ttl.total_seconds()
+
+    def _next_renewal(self) -> tuple[float, bool]:
+        """How long to wait for the next renewal, and whether the ttl runs out first (a
+        ``renew_every`` not shorter than what is left of the ttl): then the lease is lost."""
+        left = self._valid_until - time.monotonic()
+        return max(0.0, min(self.renew_every, left)), self.renew_every >= left
 
     def _fence_token(self) -> int:
         if self.token is None:
@@ -146,11 +166,14 @@ class Lease(_LeaseState):
 
     Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal records
     ``lost_reason``, calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``); the
-    lease then lets go of what it still holds (its session key, the row if nobody took it).
+    lease then lets go of what it still holds (its session key, the row if nobody took it). So does
+    a renewal that has not answered when the ttl, counted from the start of the last call that
+    answered, runs out (a frozen backend, a partition): its connection is shut down.
     ``bind_session=True`` also frees the lease as soon as this process's connection dies.
     """
 
     _thread: threading.Thread | None = None
+    _call: futures.Future | None = None  # the renewal in flight, or the last one
 
     def __enter__(self) -> Lease:
         self._stop = threading.Event()
@@ -159,10 +182,12 @@ class Lease(_LeaseState):
             if self.bind_session:  # freed with the session: a direct one, told to notice a vanished host
                 _calls.run(self._conn, _calls.refuse_pooler(self._conn, *_calls.BOUND_LEASE))
                 set_server_keepalives(self._conn)
+            started = time.monotonic()
             self.token = acquire_lease(self._conn, self.name, self.holder, self.ttl, self.bind_session)
         except BaseException:
             self._conn.close()
             raise
+        self._renewed(started)
         _calls.lease_acquire_event(self.name, self.holder, self.token)
         if self.acquired:
             self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
@@ -174,16 +199,34 @@ class Lease(_LeaseState):
         check_fence(conn, self.name, self._fence_token())
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.renew_every):
+        while True:
+            wait, runs_out = self._next_renewal()
+            if self._stop.wait(wait):
+                return
+            if runs_out:
+                self._lose(_calls.RENEWAL_UNANSWERED)
+                self._let_go()
+                return
+            started = time.monotonic()
+            # In a thread of its own, so that this one stops waiting when the ttl runs out.
+            self._call = _in_thread(renew_lease, self._conn, self.name, self.holder, self.token, self.ttl)
             try:
-                ok = renew_lease(self._conn, self.name, self.holder, self.token, self.ttl)
-            except CALL_ERRORS as exc:
+                ok = self._call.result(timeout=self._valid_until - started)
+            except CALL_ERRORS as exc:  # before TimeoutError: a LockTimeout is not the ttl running out
                 self._lose(_calls.renewal_error(exc))
                 self._let_go()
+                return
+            except futures.TimeoutError:
+                # Unanswered: a rival may hold the lease by now. The call would wait for TCP to
+                # give up (a frozen backend never answers): make it fail now.
+                sever(self._conn)
+                self._lose(_calls.RENEWAL_UNANSWERED)
+                futures.wait([self._call], SEVERED_WAIT)
                 return
             if not ok:  # renew_lease has let go of this session's key already
                 self._lose(_calls.RENEWAL_REFUSED)
                 return
+            self._renewed(started)
 
     def _let_go(self) -> None:
         """After a renewal that raised: release with the lost token, which frees the row if nobody
@@ -207,4 +250,21 @@ class Lease(_LeaseState):
         except psycopg.OperationalError:
             pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
         finally:
-            self._conn.close()
+            if self._call is None or self._call.done():
+                self._conn.close()
+            else:  # still inside libpq: left to the call, which ends when TCP gives up
+                _calls.leases_log.warning("lease %s: renewal still in flight, connection left", self.name)
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> futures.Future:
+    """``fn(*args)`` in a daemon thread (an interpreter that exits does not wait for it)."""
+    result: futures.Future = futures.Future()
+
+    def run() -> None:
+        try:
+            result.set_result(fn(*args))
+        except BaseException as exc:
+            result.set_exception(exc)
+
+    threading.Thread(target=run, name="lease-call", daemon=True).start()
+    return result

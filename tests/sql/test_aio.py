@@ -266,10 +266,10 @@ def test_async_lease_signals_loss_when_taken_over(db):
 
     async def main():
         async with aio.Lease(
-            db.dsn, "stolen", ttl=0.3, holder="me", renew_every=0.5, on_lost=lost.append
+            db.dsn, "stolen", ttl=5, holder="me", renew_every=0.2, on_lost=lost.append
         ) as lease:
-            await asyncio.sleep(0.35)
-            async with await _aconnect(db) as rival:
+            async with await _aconnect(db) as rival:  # freed behind the holder's back, and taken
+                assert await aio.release_lease(rival, "stolen", "me", lease.token)
                 assert await aio.acquire_lease(rival, "stolen", "rival", 10) == 2
             await asyncio.wait_for(lease.lost.wait(), 2)
             assert lost == [lease] and "changed hands" in lease.lost_reason

@@ -6,7 +6,9 @@ for speed): the guarantees below are the ones a durable server gives.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -421,3 +423,105 @@ def test_sample_and_top_go_on_after_a_server_restart(private_server, command):
         assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 6, err
     else:
         assert out.count("\x1b[2J") >= 6
+
+
+def test_a_lease_whose_renewal_never_answers_reports_its_loss_once_its_ttl_is_over(private_server):
+    """The lease's backend stops answering (frozen; a partition with the renewal in flight is the
+    same to the client: no keepalive probe while data is unacknowledged). Its ttl runs out on the
+    server and a rival takes the lease, while ``lost`` stays unset for as long as the renewal
+    hangs: the holder goes on believing it holds the lease."""
+    dsn = private_server.dsn()
+    lost_at: list[float] = []
+    with pglockkit.Lease(dsn, "frozen", ttl=2, on_lost=lambda _: lost_at.append(time.monotonic())) as lease:
+        assert lease.acquired
+        backend = lease._conn.info.backend_pid
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            frozen_at = time.monotonic()
+            time.sleep(2.5)  # past the ttl: the server's row has expired
+            with psycopg.connect(dsn, autocommit=True) as rival:
+                taken = pglockkit.acquire_lease(rival, "frozen", "pod-b", 30)
+            assert taken is not None and taken > lease.token  # another holder has it now
+            time.sleep(1.5)
+            assert lease.lost.is_set(), (
+                f"lease still believed held {time.monotonic() - frozen_at:.1f} s after its backend froze "
+                f"(ttl 2 s), while pod-b holds token {taken}"
+            )
+            assert lost_at and lost_at[0] - frozen_at < 2.0 + 0.5
+        finally:
+            os.kill(backend, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_an_async_lease_whose_renewal_never_answers_reports_its_loss_once_its_ttl_is_over(private_server):
+    """The same with ``aio.Lease``: its renewal task awaited the frozen backend's answer for as
+    long as TCP let it."""
+    from pglockkit import aio
+
+    dsn = private_server.dsn()
+    lost_at: list[float] = []
+
+    async def on_lost(_):
+        lost_at.append(time.monotonic())
+
+    async def main() -> None:
+        async with aio.Lease(dsn, "afrozen", ttl=2, on_lost=on_lost) as lease:
+            assert lease.acquired
+            backend = lease._conn.info.backend_pid
+            os.kill(backend, signal.SIGSTOP)
+            try:
+                frozen_at = time.monotonic()
+                await asyncio.sleep(2.5)  # past the ttl: the server's row has expired
+                with psycopg.connect(dsn, autocommit=True) as rival:
+                    taken = pglockkit.acquire_lease(rival, "afrozen", "pod-b", 30)
+                assert taken is not None and taken > lease.token
+                await asyncio.sleep(1.5)
+                assert lease.lost.is_set(), f"lease still believed held while pod-b holds token {taken}"
+                assert lost_at and lost_at[0] - frozen_at < 2.0 + 0.5
+            finally:
+                os.kill(backend, signal.SIGCONT)
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_leaving_a_lease_whose_backend_froze_does_not_wait_for_the_backend(private_server, flavour):
+    """Leaving the block with the lease's backend still frozen: the renewal in flight never
+    answers, and neither would a release. Leaving must not wait for them beyond the ttl (it
+    waited for TCP to give up: forever for a frozen backend, about 15 minutes for a partition);
+    ``on_lost`` is called once."""
+    from pglockkit import aio
+
+    dsn = private_server.dsn()
+    lost: list[str] = []
+
+    def on_lost(lease) -> None:
+        lost.append(lease.name)
+
+    backend = 0
+    try:
+        t0 = time.monotonic()
+        if flavour == "sync":
+            with pglockkit.Lease(dsn, "stuck", ttl=1.5, on_lost=on_lost) as lease:
+                backend = lease._conn.info.backend_pid
+                time.sleep(0.6)  # a renewal (every 0.5 s) answered
+                os.kill(backend, signal.SIGSTOP)
+                time.sleep(0.6)  # the next one is in flight
+        else:
+
+            async def main() -> None:
+                nonlocal backend
+                async with aio.Lease(dsn, "stuck", ttl=1.5, on_lost=on_lost) as lease:
+                    backend = lease._conn.info.backend_pid
+                    await asyncio.sleep(0.6)
+                    os.kill(backend, signal.SIGSTOP)
+                    await asyncio.sleep(0.6)
+
+            asyncio.run(main())
+        left_after = time.monotonic() - t0
+    finally:
+        if backend:
+            os.kill(backend, signal.SIGCONT)
+    assert left_after < 1.5 + 0.6 + 1, f"leaving the block took {left_after:.1f} s"
+    assert lost == ["stuck"]
