@@ -858,6 +858,20 @@ def run_event(
         runs_log.info("run %s job=%s slot=%s id=%s", event, job, slot, run_id)
 
 
+def connection_lost(exc: BaseException) -> str:
+    """What a lost connection's error says, on one line (psycopg adds libpq's lines below)."""
+    text = str(exc).strip()
+    return f"the connection was lost ({text.splitlines()[0] if text else exc.__class__.__name__})"
+
+
+def unrecorded_success(job: str, slot: str, run_id: int, lost: psycopg.OperationalError) -> Exception:
+    """What ``run_once`` raises when its body succeeded and the outcome could not be recorded."""
+    return psycopg.OperationalError(
+        f"run {run_id} of {job}/{slot} succeeded, but the outcome was not recorded: "
+        f"{connection_lost(lost)}; the slot may run again"
+    )
+
+
 def sql_text(text: str, encoding: str = "utf-8") -> str:
     """``text`` as the server can store it: a NUL byte, which text cannot hold, written ``\\x00``,
     and what the connection's ``encoding`` cannot carry (a lone surrogate from a file name, a

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 
+import psycopg
+
 from pglockkit import _calls, runs
 from pglockkit.connection import connect, set_server_keepalives
 from pglockkit.leases import default_holder
@@ -71,20 +73,29 @@ class Once:
                 if self.received:
                     names = ", ".join(sorted({signal.Signals(s).name for s in self.received}))
                     detail = f"{detail + '; ' if detail else ''}pglockkit once received {names}"
-                if not runs.finish_run(conn, run_id, ok, detail):
+                try:
+                    recorded = runs.finish_run(conn, run_id, ok, detail)
+                except psycopg.OperationalError as lost:  # a server restart, a dropped path
+                    return self.unrecorded(code, _calls.connection_lost(lost) + "; the slot may run again")
+                if not recorded:
                     # This session no longer holds the slot (its lock was let go of by hand, or
                     # another attempt took the run over): the outcome is not this run's to record.
-                    print(
-                        f"pglockkit once: {self.job}/{self.slot}: the outcome (exit status {code}) was not "
-                        "recorded: this session no longer holds the slot, which may run again",
-                        file=sys.stderr,
-                    )
-                    return code or 1
+                    return self.unrecorded(code, "this session no longer holds the slot, which may run again")
                 _calls.run_event("succeeded" if ok else "failed", self.job, self.slot, run_id)
                 return code
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
+
+    def unrecorded(self, code: int, why: str) -> int:
+        """Say that the command's outcome (its exit status ``code``) was not recorded, and why:
+        exit 1, whatever the command's status (docs/runs.md), which the message names."""
+        print(
+            f"pglockkit once: {self.job}/{self.slot}: the outcome (exit status {code}) was not "
+            f"recorded: {why}",
+            file=sys.stderr,
+        )
+        return 1
 
     def supervise(self) -> tuple[int, str | None]:
         """Run the command to its end; its exit status as a shell reports it, and a detail."""

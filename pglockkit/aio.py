@@ -585,7 +585,11 @@ async def run_once(
             else:
                 _calls.run_event("failed" if recorded else "unrecorded", job, slot, run_id)
             raise
-        recorded = await finish_run(conn, run_id, True)
+        try:
+            recorded = await finish_run(conn, run_id, True)
+        except psycopg.OperationalError as lost:
+            _calls.run_event("unrecorded", job, slot, run_id, lost)
+            raise _calls.unrecorded_success(job, slot, run_id, lost) from lost
         _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
 
 

@@ -81,7 +81,11 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
             else:
                 _calls.run_event("failed" if recorded else "unrecorded", job, slot, run_id)
             raise
-        recorded = finish_run(conn, run_id, True)
+        try:
+            recorded = finish_run(conn, run_id, True)
+        except psycopg.OperationalError as lost:  # the slot is free: say so, not just the driver's words
+            _calls.run_event("unrecorded", job, slot, run_id, lost)
+            raise _calls.unrecorded_success(job, slot, run_id, lost) from lost
         _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
 
 

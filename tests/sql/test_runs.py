@@ -311,6 +311,40 @@ def test_run_once_keeps_the_bodys_exception_when_its_connection_is_lost(db):
             raise ValueError("the body's own error")
 
 
+def test_run_once_says_the_outcome_was_not_recorded_when_its_connection_was_lost(db, caplog):
+    """The body succeeds but the run's connection died meanwhile (a server restart; here its
+    backend is terminated): the slot is free and the outcome cannot be recorded. What came out of
+    the block was the driver's "terminating connection due to administrator command" alone, not
+    that the outcome was not recorded and that the slot may run again. Still an OperationalError,
+    sync and async, so that callers who caught the driver's error still do."""
+    caplog.set_level("WARNING", "pglockkit.runs")
+
+    def terminate(job: str) -> None:
+        db.conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"pglockkit run {job}",),
+        )
+
+    with pytest.raises(psycopg.OperationalError, match="was not recorded") as raised:
+        with pglockkit.run_once(db.dsn, "lost-ok", "2026-11-30") as run:
+            assert run is not None
+            terminate("lost-ok")
+    assert "the slot may run again" in str(raised.value)
+    assert "terminating connection" in str(raised.value.__cause__)
+
+    async def main():
+        with pytest.raises(psycopg.OperationalError, match="was not recorded"):
+            async with aio.run_once(db.dsn, "alost-ok", "2026-11-30") as run:
+                assert run is not None
+                terminate("alost-ok")
+
+    asyncio.run(main())
+    warned = [r.getMessage() for r in caplog.records if "was not recorded" in r.getMessage()]
+    assert len(warned) == 2 and "job=lost-ok" in warned[0] and "job=alost-ok" in warned[1], warned
+    with pglockkit.run_once(db.dsn, "lost-ok", "2026-11-30") as again:
+        assert again is not None  # the slot runs again, as the error said
+
+
 @pytest.mark.parametrize("empty", ["slot", "holder"])
 def test_run_once_refuses_an_empty_slot_or_holder_as_sql_does(db, empty):
     """An empty slot ran today's slot, and an empty holder became this host's name: both are

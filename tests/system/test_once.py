@@ -226,3 +226,25 @@ def test_an_outcome_it_cannot_record_is_an_error_not_a_success(db, tmp_path):
     assert proc.returncode == 1, err
     assert "the outcome (exit status 0) was not recorded" in err
     assert _history(db.conn, "unrecorded")[0][1] != "succeeded"
+
+
+def test_a_connection_lost_while_the_command_ran_says_the_outcome_was_not_recorded(db, tmp_path):
+    """The wrapper's connection ends while the command runs (a server restart; here its backend is
+    terminated): the slot is free and the outcome cannot be recorded (docs/runs.md: it exits 1).
+    What it printed was the driver's error alone, "terminating connection due to administrator
+    command": not that the command had finished, with which status, nor that its outcome was not
+    recorded and the slot may run again, as the refused-outcome path says."""
+    go = tmp_path / "go"
+    proc = _once(
+        db.dsn, "lost", "--slot", "s", "--",
+        sys.executable, "-c",
+        f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\nsys.exit(3)",
+    )  # fmt: skip
+    _wait_for(lambda: _history(db.conn, "lost") == [("s", "running", 1)], "the run to start")
+    db.conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pglockkit run lost'"
+    )
+    go.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "the outcome (exit status 3) was not recorded" in err, err
