@@ -10,6 +10,7 @@ by SQLSTATE the same way. Nothing else in the package holds SQL for these operat
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -856,6 +857,28 @@ def run_event(
         )  # fmt: skip
     else:
         runs_log.info("run %s job=%s slot=%s id=%s", event, job, slot, run_id)
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine without running anything: an ``async def``, a
+    ``functools.partial`` of one, an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or (
+        callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
+def check_flavour(fn: object, what: str, twin: str, *, coroutine: bool) -> None:
+    """A TypeError naming the twin (``pglockkit.aio.X`` or ``pglockkit.X``), before anything runs,
+    if ``fn`` is not of ``what``'s flavour. A sync helper given a coroutine function would call it,
+    get a coroutine and never await it (its body would not run, or run later, outside what the
+    helper holds); an async one given a plain function would run it and fail to await its result."""
+    if coroutine and not is_async_callable(fn):
+        raise TypeError(
+            f"{what} awaits a coroutine function (an async def, or a functools.partial of one), "
+            f"not {fn!r}: use {twin} for a plain function"
+        )
+    if not coroutine and is_async_callable(fn):
+        raise TypeError(f"{what} takes a plain function, not the coroutine function {fn!r}: use {twin}")
 
 
 def connection_lost(exc: BaseException) -> str:

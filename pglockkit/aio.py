@@ -270,6 +270,7 @@ class Lease(_LeaseState):
     """
 
     _event_type = asyncio.Event
+    _awaits_on_lost = True
     _task: asyncio.Task[None] | None = None
     _call: asyncio.Future[bool] | None = None  # the renewal in flight, or the last one
 
@@ -597,10 +598,7 @@ def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -
     """``pglockkit.singleton`` for coroutine functions: at most one run per slot, else None."""
 
     def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(
-                f"aio.singleton decorates coroutine functions; use pglockkit.singleton for {fn!r}"
-            )
+        _calls.check_flavour(fn, "pglockkit.aio.singleton", "pglockkit.singleton", coroutine=True)
 
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> T | None:
@@ -633,7 +631,11 @@ async def retry(
     ...     async with conn.transaction():
     ...         await xact_lock_all(conn, "accounts", [a, b], timeout=1)
     >>> await retry(transfer)  # doctest: +SKIP
+
+    A plain function is a TypeError, before it runs: ``pglockkit.retry`` calls those. To pass
+    arguments, give a ``functools.partial`` of the coroutine function.
     """
+    _calls.check_flavour(fn, "pglockkit.aio.retry", "pglockkit.retry", coroutine=True)
     check_attempts(attempts)
     for attempt in range(attempts):
         try:

@@ -83,6 +83,7 @@ class _LeaseState:
     recorded. ``lost`` is an event of ``_event_type`` (threading or asyncio)."""
 
     _event_type: Callable[[], threading.Event | asyncio.Event] = threading.Event
+    _awaits_on_lost = False  # whether an async def on_lost is awaited (aio.Lease) or refused
 
     def __init__(
         self,
@@ -95,6 +96,8 @@ class _LeaseState:
         renew_every: float | None = None,
         on_lost: Callable[[Any], None] | None = None,
     ):
+        if not self._awaits_on_lost:  # called from the renewal thread, its coroutine never awaited
+            _calls.check_flavour(on_lost, "pglockkit.Lease's on_lost", "pglockkit.aio.Lease", coroutine=False)
         self.dsn = dsn
         self.name = name
         self.ttl = _calls.seconds(ttl)
@@ -169,7 +172,8 @@ class Lease(_LeaseState):
     lease then lets go of what it still holds (its session key, the row if nobody took it). So does
     a renewal that has not answered when the ttl, counted from the start of the last call that
     answered, runs out (a frozen backend, a partition): its connection is shut down.
-    ``bind_session=True`` also frees the lease as soon as this process's connection dies.
+    ``bind_session=True`` also frees the lease as soon as this process's connection dies. An
+    ``async def`` on_lost is a TypeError: ``pglockkit.aio.Lease`` awaits it.
     """
 
     _thread: threading.Thread | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import time
@@ -10,6 +11,7 @@ from typing import TypeVar
 
 import psycopg
 
+from pglockkit import _calls
 from pglockkit.errors import RetryableError, from_psycopg
 
 log = logging.getLogger("pglockkit.retry")
@@ -46,13 +48,23 @@ def retry(
         retry(transfer)
 
     After ``attempts`` tries the last error is raised (as a pglockkit error where one maps).
+    A coroutine function is a TypeError (its coroutine would be returned unawaited after one try,
+    never retried): use ``pglockkit.aio.retry``.
     """
+    _calls.check_flavour(fn, "pglockkit.retry", "pglockkit.aio.retry", coroutine=False)
     check_attempts(attempts)
     for attempt in range(attempts):
         try:
-            return fn()
+            result = fn()
         except (psycopg.Error, RetryableError) as exc:
             sleep(pause_or_raise(exc, attempt, attempts, base, cap))
+            continue
+        if inspect.iscoroutine(result):  # a plain function that returns one: lambda: transfer()
+            result.close()
+            raise TypeError(
+                f"pglockkit.retry got a coroutine from {fn!r}, which it cannot await: use pglockkit.aio.retry"
+            )
+        return result
     raise AssertionError("unreachable")
 
 

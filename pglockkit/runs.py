@@ -91,13 +91,16 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
 
 def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
     """Decorator for cron entry points: the function runs at most once per slot across all
-    processes; elsewhere the call returns None without running it.
+    processes; elsewhere the call returns None without running it. An ``async def`` is a
+    TypeError: ``pglockkit.aio.singleton`` runs it inside the slot.
 
     >>> @singleton(dsn, "nightly-aggregation")  # doctest: +SKIP
     ... def aggregate(): ...
     """
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T | None]:
+        _calls.check_flavour(fn, "pglockkit.singleton", "pglockkit.aio.singleton", coroutine=False)
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs) -> T | None:
             chosen = slot() if callable(slot) else slot

@@ -521,3 +521,95 @@ def test_the_listings_read_what_their_sync_twins_read(db):
     assert [row["name"] for row in leases] == [row["name"] for row in sync_leases.leases(db.conn)] == ["l"]
     assert jobs == sync_queue.jobs(db.conn, "q") and len(jobs) == 1
     assert [r["slot"] for r in runs] == [r["slot"] for r in sync_runs.runs(db.conn, "nightly")] == ["s1"]
+
+
+# --- the sync twins given a coroutine function -------------------------------------------------
+
+
+def test_sync_singleton_refuses_a_coroutine_function_instead_of_recording_it_succeeded(db):
+    """``aio.singleton`` refuses a plain function; ``pglockkit.singleton`` took an ``async def``,
+    called it inside run_once (which only made the coroutine), recorded the slot as succeeded and
+    released it, and returned the coroutine, which then ran outside the slot: its failure was
+    never recorded and the slot never runs again."""
+
+    async def nightly():
+        raise RuntimeError("supplier feed down")
+
+    try:
+        wrapped = pglockkit.singleton(db.dsn, "nightly", slot="2026-01-01")(nightly)
+    except TypeError as exc:
+        assert "aio.singleton" in str(exc)
+    else:
+        with pytest.raises(RuntimeError, match="feed down"):
+            asyncio.run(wrapped())
+    statuses = db.conn.execute("SELECT status FROM pglockkit.runs WHERE job = 'nightly'").fetchall()
+    assert ("succeeded",) not in statuses, "a run that raised is recorded as succeeded"
+
+
+def test_sync_retry_refuses_a_coroutine_function_instead_of_not_retrying_it(db, ns):
+    """``pglockkit.retry(async_fn)`` returned the first coroutine unawaited: awaited by the
+    caller, its LockTimeout was never retried."""
+    tries = []
+
+    async def main():
+        async with await _aconnect(db) as holder, await _aconnect(db) as conn:
+
+            async def transfer():
+                tries.append(1)
+                async with conn.transaction():
+                    await aio.xact_lock(conn, ns, "acct:1", timeout=0.05)
+
+            async with holder.transaction():
+                await aio.xact_lock(holder, ns, "acct:1")
+                try:
+                    pending = pglockkit.retry(transfer, attempts=3, sleep=lambda s: None)
+                except TypeError as exc:
+                    assert "aio.retry" in str(exc)
+                    return
+                with pytest.raises(pglockkit.LockTimeout):
+                    await pending
+            pytest.fail(f"retry gave the coroutine back after {len(tries)} try; nothing was retried")
+
+    asyncio.run(main())
+
+
+def test_sync_lease_refuses_an_async_on_lost(db):
+    """``aio.Lease`` awaits an ``async def`` on_lost; ``pglockkit.Lease`` called it from its
+    renewal thread, got a coroutine, dropped it (RuntimeWarning: never awaited) and set ``lost``:
+    the callback never ran. It is refused when the lease is made, naming ``aio.Lease``."""
+    ran = []
+
+    async def alert(lease):
+        ran.append(lease.name)
+
+    with pytest.raises(TypeError, match=r"pglockkit\.aio\.Lease"):
+        pglockkit.Lease(db.dsn, "stolen", ttl=0.3, renew_every=0.5, on_lost=alert)
+    assert pglockkit.acquire_lease(db.conn, "stolen", "rival", 10) == 1  # nothing was acquired
+    assert ran == []
+
+
+def test_aio_retry_refuses_a_plain_function_instead_of_running_it_and_failing(db):
+    """``aio.retry`` given a plain function called it (a whole sync transaction, committed) and
+    then raised "object NoneType can't be used in 'await' expression". It is refused before it
+    runs, naming ``pglockkit.retry``; a partial of an ``async def`` is a coroutine function."""
+    import functools
+
+    ran = []
+
+    def transfer():
+        ran.append(1)
+
+    async def atransfer(amount):
+        ran.append(amount)
+        return amount
+
+    async def main():
+        with pytest.raises(TypeError, match=r"use pglockkit\.retry"):
+            await aio.retry(transfer)
+        assert ran == []
+        assert await aio.retry(functools.partial(atransfer, 7)) == 7
+
+    asyncio.run(main())
+    with pytest.raises(TypeError, match=r"pglockkit\.aio\.retry"):  # and a lambda returning a coroutine
+        pglockkit.retry(lambda: atransfer(8))
+    assert ran == [7]
