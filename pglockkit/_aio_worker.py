@@ -293,12 +293,17 @@ class Worker(WorkerBase):
         if threading.current_thread() is not threading.main_thread() or self._loop is None:
             return lambda: None
         loop = self._loop
-        sigs = (signal.SIGTERM, signal.SIGINT)
-        for sig in sigs:
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
             loop.add_signal_handler(sig, self.stop)
 
         def restore() -> None:
-            for sig in sigs:
+            # remove_signal_handler resets to the defaults (SIG_DFL, default_int_handler), not to
+            # what was there: an application's own SIGTERM handler was gone after run() returned,
+            # and so was asyncio.run's SIGINT handling (which cancels the main task).
+            for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
+                if handler is not None:  # None: set outside Python, cannot be put back
+                    signal.signal(sig, handler)
 
         return restore

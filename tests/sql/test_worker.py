@@ -813,3 +813,26 @@ def test_a_database_refusing_writes_does_not_get_a_tick_failure_logged_every_sec
     assert 1 <= len(ticks) <= 3, ticks  # at 0, 2 and 6 s; it was one a second
     assert all("\n" not in t and "read-only transaction" in t for t in ticks), ticks
     assert "(1 in a row, next in 2 s)" in ticks[0]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_run_restores_the_signal_handlers_it_found(tables, asynchronous):
+    """The thread worker puts back the SIGTERM/SIGINT handlers it found; the asyncio worker
+    (loop.remove_signal_handler) left SIGTERM at SIG_DFL and SIGINT at default_int_handler, so the
+    application's own SIGTERM handler was gone: its next SIGTERM killed the process outright."""
+    db = tables
+    q.enqueue(db.conn, "w", {})
+
+    def on_term(*_):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if asynchronous:
+            done = asyncio.run(aio.Worker(db.dsn, "w", span_async).run(exit_when_idle=True))
+        else:
+            done = pglockkit.Worker(db.dsn, "w", span).run(exit_when_idle=True)
+        assert done == 1
+        assert signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        signal.signal(signal.SIGTERM, previous)
