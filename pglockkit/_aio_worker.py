@@ -45,6 +45,12 @@ from pglockkit.worker import first_line
 
 log = logging.getLogger("pglockkit.queue")
 
+# Seconds a cancelled run() waits for its lanes to record what they finished and give back the
+# rest, after cancelling the handlers in flight; past it (a handler that ignores its cancellation,
+# a server that does not answer) the lanes are cancelled too, and their open groups roll back.
+CANCEL_WAIT = 5.0
+INTERRUPTED = "the worker was cancelled while the handler ran"
+
 
 class Worker(WorkerBase):
     """``pglockkit.Worker`` for ``async def`` handlers, awaited on the running loop.
@@ -53,7 +59,10 @@ class Worker(WorkerBase):
     commits with the job's completion (exactly once, group commit); ``await handler(job)`` runs
     outside any transaction, its completions recorded in batches (at least once). Up to
     ``concurrency`` handlers are awaited at once. ``stop()`` may be called from any thread;
-    SIGTERM/SIGINT stop it when the loop runs in the main thread.
+    SIGTERM/SIGINT stop it when the loop runs in the main thread. Cancelling the task that awaits
+    ``run()`` stops it too, without waiting for the handlers in flight: they are cancelled and
+    their jobs fail; finished jobs are recorded, unstarted ones given back, then ``run()`` raises
+    ``CancelledError``.
 
     >>> async def send(job, conn):  # doctest: +SKIP
     ...     await conn.execute("INSERT INTO sent (job_id) VALUES (%s)", (job.id,))
@@ -71,6 +80,8 @@ class Worker(WorkerBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kick = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._in_handler: set[asyncio.Task[Any]] = set()  # lanes awaiting a handler
+        self._interrupted: set[asyncio.Task[Any]] = set()  # lanes whose handler run() cancelled
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
@@ -113,7 +124,7 @@ class Worker(WorkerBase):
             tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
             tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
             lanes = [asyncio.create_task(self._lane(pool, exit_when_idle)) for _ in range(s.concurrency)]
-            await asyncio.gather(*lanes)
+            await self._until_done(lanes)
         finally:
             self._stopping.set()
             self._notify()
@@ -127,6 +138,42 @@ class Worker(WorkerBase):
             await listener.close()
             restore()
         return self.processed
+
+    async def _until_done(self, lanes: list[asyncio.Task[None]]) -> None:
+        """Wait for the lanes. ``asyncio.wait`` does not pass a cancellation of ``run()`` on to
+        them (``gather`` did: every lane rolled back and ended with its hand still claimed, the
+        jobs it had not started burning an attempt at their lease's end, finished at-least-once
+        jobs left unrecorded to run again): they stop the way ``stop()`` stops them."""
+        try:
+            done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            await self._wind_down(lanes)
+            raise  # a cancelled task ends cancelled
+        for lane in done:
+            lane.result()  # a lane's BaseException (or its own cancellation) goes on up
+
+    async def _wind_down(self, lanes: list[asyncio.Task[None]]) -> None:
+        """``run()`` was cancelled: stop as ``stop()`` does, but cancel the handlers in flight
+        instead of awaiting them (each fails its job: ``_handle``). The lanes record the outcomes
+        they hold and give back their unstarted jobs, within ``CANCEL_WAIT`` seconds, shielded
+        from further cancellations of ``run()`` (anyio's cancel scopes cancel again at every
+        await); lanes still busy then are cancelled: their open groups roll back, their jobs go
+        back by their lease."""
+        self._stopping.set()
+        self._notify()
+        for lane in self._in_handler:
+            self._interrupted.add(lane)
+            lane.cancel()
+        waiting = asyncio.ensure_future(asyncio.wait(lanes, timeout=CANCEL_WAIT))
+        while not waiting.done():
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: the wait is bounded
+                await asyncio.shield(waiting)
+        self._interrupted.clear()
+        late = [lane for lane in lanes if not lane.done()]
+        if late:
+            log.warning("cancelled: %d lane(s) still busy after %g s, rolling back", len(late), CANCEL_WAIT)
+        for lane in late:
+            lane.cancel()
 
     async def _connect(self, application_name: str) -> psycopg.AsyncConnection:
         return await psycopg.AsyncConnection.connect(
@@ -217,21 +264,34 @@ class Worker(WorkerBase):
 
     async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
         conn.start_job(request.savepoint)
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_handler.add(task)
         try:
             if self.settings.exactly_once:
                 await self.handler(request.job, conn)
             else:
                 await self.handler(request.job)
         except asyncio.CancelledError as exc:
-            # The worker's own cancellation (stop, the loop ending) goes on up. One the handler
-            # met inside (it awaited a task someone cancelled) is the job's failure: left to rise,
-            # it ended the worker, and the job, run again, ended the next one.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if task in self._interrupted:
+                # run() was cancelled (_wind_down): the job's run is cut short, a failed attempt
+                # like any other (its writes roll back to its savepoint); the lane goes on to
+                # record its group and give back the rest.
+                return outcome(conn, request, self.settings.exactly_once, asyncio.CancelledError(INTERRUPTED))
+            # The lane's own cancellation (the loop ending, run() cancelled past CANCEL_WAIT) goes
+            # on up: its group rolls back. One the handler met inside (it awaited a task someone
+            # cancelled) is the job's failure: left to rise, it ended the worker, and the job, run
+            # again, ended the next one.
+            if task.cancelling():
                 raise
             return outcome(conn, request, self.settings.exactly_once, exc)
         except (Exception, SystemExit) as exc:  # a library's sys.exit() too: the job fails
             return outcome(conn, request, self.settings.exactly_once, exc)
+        finally:
+            self._in_handler.discard(task)
+            if task in self._interrupted:  # the cancellation was delivered: the lane is not cancelled
+                self._interrupted.discard(task)
+                task.uncancel()
         return outcome(conn, request, self.settings.exactly_once)
 
     # --- heartbeat and wake-ups -----------------------------------------------------------

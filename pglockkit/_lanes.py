@@ -590,6 +590,8 @@ class Lane:
             ended = yield from self._claim_alone()
             if ended is not None:
                 return ended
+            if self.stopping():  # stopped during the claim: give the jobs back (drain) unstarted
+                return None
         if len(self.hand) == 1 or self.job_seconds >= self.s.group_time:
             return (yield from self._alone())
         # Lock the jobs in hand for the group's life (and renew their leases). A claim does not

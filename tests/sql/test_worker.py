@@ -836,3 +836,108 @@ def test_run_restores_the_signal_handlers_it_found(tables, asynchronous):
         assert signal.getsignal(signal.SIGTERM) is on_term
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_cancelled_aio_worker_gives_back_the_jobs_it_had_not_started(tables):
+    """``stop()`` (and SIGTERM) give back the jobs in hand unstarted, their attempt not counted.
+    Cancelling the task that runs ``aio.Worker.run()`` (a TaskGroup whose sibling failed, an app's
+    shutdown) left them claimed: they waited out the lease and their reclaim counted an attempt,
+    so a job with max_attempts=1 went dead ("lease expired") without ever running."""
+    db = tables
+    q.enqueue(db.conn, "w", {"sleep": 0}, max_attempts=1)  # timed first: the next claim is a batch
+    q.enqueue_many(db.conn, "w", [{"sleep": 30}, *[{"sleep": 0}] * 4], max_attempts=1)
+
+    async def main() -> None:
+        worker = aio.Worker(db.dsn, "w", span_async, lease=1, batch=8, group=8, group_time=5)
+        task = asyncio.create_task(worker.run())
+        while (
+            db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'").fetchone()[0] < 5
+        ):
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # inside the 30 s handler, four jobs unstarted in hand
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+    time.sleep(1.2)  # past the lease
+    q.claim(db.conn, "w", "next", batch=10)  # a later worker's claim reclaims the expired leases
+    never_ran = db.conn.execute(
+        "SELECT count(*) FROM pglockkit.jobs j WHERE j.status = 'dead' AND j.payload->>'sleep' = '0' "
+        "AND NOT EXISTS (SELECT FROM spans s WHERE s.job_id = j.id)"
+    ).fetchone()[0]
+    assert never_ran == 0, f"{never_ran} jobs went dead without ever running"
+
+
+def test_a_cancelled_aio_worker_records_the_at_least_once_jobs_it_finished(tables):
+    """An at-least-once handler's completion waits in the lane's buffer for the group's record.
+    ``stop()`` records it; cancelling the worker's task dropped it, so a job whose handler had
+    returned (its outside effect done) stayed claimed and ran again after its lease."""
+    db = tables
+    q.enqueue(db.conn, "w", {"sleep": 0})  # timed first: the next claim is a batch
+    first_of_batch = q.enqueue(db.conn, "w", {"sleep": 0})
+    q.enqueue(db.conn, "w", {"sleep": 30})
+    finished: list[int] = []
+
+    async def call_out(job):  # at least once: no connection
+        await asyncio.sleep(job.payload["sleep"])
+        finished.append(job.id)
+
+    async def main() -> None:
+        worker = aio.Worker(db.dsn, "w", call_out, lease=30, batch=8, group=8, group_time=5)
+        task = asyncio.create_task(worker.run())
+        while first_of_batch not in finished:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # inside the 30 s handler
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+    status = db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (first_of_batch,)).fetchone()[
+        0
+    ]
+    assert status == "done", f"job {first_of_batch} ran and is left {status}: it will run again"
+
+
+def test_a_cancelled_aio_worker_fails_the_job_it_interrupted_and_commits_the_group_before_it(tables):
+    """Cancelling ``run()`` cancels the handler in flight instead of awaiting it: its job fails
+    (an attempt counted, its writes rolled back to its savepoint), the group's jobs that finished
+    before it commit with their writes, the unstarted ones are given back, and the task ends
+    cancelled."""
+    db = tables
+    q.enqueue(db.conn, "w", {})  # timed first: the next claim is a batch
+    before = q.enqueue_many(db.conn, "w", [{}, {}])
+    (slow,) = q.enqueue_many(db.conn, "w", [{"sleep": 30}])
+    after = q.enqueue_many(db.conn, "w", [{}, {}])
+    started: list[int] = []
+
+    async def handler(job, conn):
+        started.append(job.id)
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+        await asyncio.sleep(job.payload.get("sleep", 0))
+
+    async def main() -> asyncio.Task[int]:
+        worker = aio.Worker(db.dsn, "w", handler, lease=30, batch=8, group=8, group_time=5)
+        task = asyncio.create_task(worker.run())
+        while slow not in started:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # inside the 30 s handler, in a group after two finished jobs
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        return task
+
+    assert asyncio.run(main()).cancelled()
+    jobs = dict(
+        (r[0], r[1:]) for r in db.conn.execute("SELECT id, status, attempt, last_error FROM pglockkit.jobs")
+    )
+    assert [jobs[i][:2] for i in before] == [("done", 1)] * 2
+    assert (
+        jobs[slow][:2] == ("queued", 1) and "the worker was cancelled while the handler ran" in jobs[slow][2]
+    )
+    assert [jobs[i][:2] for i in after] == [("queued", 0)] * 2
+    logged = {r[0] for r in db.conn.execute("SELECT job_id FROM done_log")}
+    assert slow not in logged and set(before) <= logged
