@@ -1,8 +1,8 @@
 """``pglockkit.aio.Worker``: ``pglockkit.Worker`` for ``async def`` handlers, on an asyncio loop.
 
-The same lanes (``pglockkit._lanes``), run as asyncio tasks on connections from a
-``psycopg_pool.AsyncConnectionPool`` of ``concurrency``; one LISTEN connection and one heartbeat
-task and connection per worker: ``concurrency + 2`` connections.
+The same lanes (``pglockkit._lanes``), run as asyncio tasks, each on a connection of its own
+(opened again after a loss, with backoff); one LISTEN connection and one heartbeat task and
+connection per worker: ``concurrency + 2`` connections.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pglockkit import _calls
 from pglockkit._calls import Job
@@ -26,7 +25,6 @@ from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
-    POOL_WAIT,
     Budget,
     ClaimsConflicted,
     Handle,
@@ -93,7 +91,9 @@ class Worker(WorkerBase):
 
     async def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
         """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
-        found the queue without a due job). Returns the number of jobs processed."""
+        found the queue without a due job, other than ones a paused queue or a concurrency limit
+        holds back: a due job waiting for its rate key's next token is waited for). Returns the
+        number of jobs processed."""
         self._loop = asyncio.get_running_loop()
         self._kick = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -103,27 +103,16 @@ class Worker(WorkerBase):
         s = self.settings
         app = f"pglockkit worker {s.queue}"
         listener = await self._connect(f"{app} listen")  # a wrong DSN raises here, at once
-        pool: AsyncConnectionPool | None = None
         tasks: list[asyncio.Task[Any]] = []
         lanes: list[asyncio.Task[None]] = []
         restore = self._install_signal_handlers()
         try:
             await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            pool = AsyncConnectionPool(
-                self.dsn,
-                min_size=s.concurrency,
-                max_size=s.concurrency,
-                kwargs=connect_params(app, {"autocommit": True}),
-                connection_class=AsyncLaneConnection,
-                open=False,
-                name=app,
-                timeout=POOL_WAIT,
-            )
-            await pool.open()
             heartbeat = await self._connect(f"{app} heartbeat")
             tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
             tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
-            lanes = [asyncio.create_task(self._lane(pool, exit_when_idle)) for _ in range(s.concurrency)]
+            params = connect_params(app, {"autocommit": True})
+            lanes = [asyncio.create_task(self._lane(params, exit_when_idle)) for _ in range(s.concurrency)]
             await self._until_done(lanes)
         finally:
             self._stopping.set()
@@ -133,8 +122,6 @@ class Worker(WorkerBase):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if pool is not None:
-                await pool.close()
             await listener.close()
             restore()
         return self.processed
@@ -182,19 +169,27 @@ class Worker(WorkerBase):
 
     # --- lanes ----------------------------------------------------------------------------
 
-    async def _lane(self, pool: AsyncConnectionPool, exit_when_idle: bool) -> None:
+    async def _lane(self, params: dict[str, Any], exit_when_idle: bool) -> None:
+        """A lane on a connection of its own, opened again after a loss (see worker.py)."""
         lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
         failures = 0
+        conn: AsyncLaneConnection | None = None
         try:
             while True:
                 if failures and self._stopping.is_set():
                     return  # stopping after a failure: the hand goes back by its lease (see worker.py)
                 kick = self._kick
                 try:
-                    async with pool.connection() as conn:
-                        why = await self._drive(lane, conn)  # type: ignore[arg-type]
+                    if conn is None or conn.closed:
+                        conn = await AsyncLaneConnection.connect(self.dsn, **params)
+                    why = await self._drive(lane, conn)
+                    token_in = None
+                    if why == IDLE:
+                        token_in = await _calls.arun(conn, _calls.next_rate_token(self.queue))
                     failures = 0
-                except (psycopg.OperationalError, PoolTimeout) as exc:
+                except psycopg.OperationalError as exc:
+                    if conn is not None:
+                        await conn.close()
                     failures = await self._pause(
                         failures, f"connection lost ({first_line(exc)}); reconnecting"
                     )
@@ -211,12 +206,19 @@ class Worker(WorkerBase):
                         failures, f"lane error, group rolled back ({first_line(exc)})"
                     )
                     continue
-                if why != IDLE or exit_when_idle or self._stopping.is_set():
+                if why != IDLE or self._stopping.is_set() or (exit_when_idle and token_in is None):
                     return
+                timeout = (
+                    self.settings.poll_interval
+                    if token_in is None
+                    else min(token_in, self.settings.poll_interval)
+                )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), self.settings.poll_interval)
+                    await asyncio.wait_for(kick.wait(), timeout)
         finally:
             lane.forget()
+            if conn is not None:
+                await conn.close()
 
     async def _pause(self, failures: int, what: str) -> int:
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)

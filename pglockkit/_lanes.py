@@ -57,10 +57,6 @@ log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
 MAX_LEASE = timedelta(days=7)  # claim_job's limit
-# Seconds a lane waits for a connection from its pool (only while the pool reconnects: each lane
-# has one of its own) before it counts a failure, backs off and looks at the stop flag again: at
-# the pool's default, 30 s, a worker stopped during an outage took that long to return.
-POOL_WAIT = 3.0
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
 LONGEST_PAUSE = 86400.0  # seconds, a day: the longest poll, group time, reconnect pause (and CLI pause)
 

@@ -336,7 +336,8 @@ def test_next_rate_token_says_how_long_due_jobs_wait_for_a_token(db):
 
 
 @pytest.mark.parametrize("exit_when_idle", [False, True], ids=["running", "exit-when-idle"])
-def test_a_worker_starts_a_limited_keys_jobs_at_its_rate_not_its_poll_interval(db, exit_when_idle):
+@pytest.mark.parametrize("flavour", ["threads", "asyncio"])
+def test_a_worker_starts_a_limited_keys_jobs_at_its_rate_not_its_poll_interval(db, exit_when_idle, flavour):
     """A worker (poll_interval 1 s, the default) over a backlog of one key limited to 10 a second
     (burst 1) found the key without a token 100 ms before the next one and slept its whole poll
     interval (no NOTIFY comes with a token): one job a second. With exit_when_idle it stopped
@@ -349,7 +350,10 @@ def test_a_worker_starts_a_limited_keys_jobs_at_its_rate_not_its_poll_interval(d
     def handler(job, conn) -> None:
         pass
 
-    worker = Worker(db.dsn, "wr", handler, tick_schedules=False)
+    async def async_handler(job, conn) -> None:
+        pass
+
+    worker = Worker(db.dsn, "wr", handler if flavour == "threads" else async_handler, tick_schedules=False)
     if exit_when_idle:
         started = time.monotonic()
         assert worker.run(exit_when_idle=True) == 20
