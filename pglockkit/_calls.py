@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -629,6 +630,24 @@ def lease_release_event(name: str, holder: str, token: int | None) -> None:
 def renewal_error(exc: Exception) -> str:
     """``lost_reason`` of a renewal that raised."""
     return f"renewal failed: {exc.__class__.__name__}: {str(exc).strip()}"
+
+
+def lease_release_wait(seconds: float) -> Call[None]:
+    """How long a leaving lease's release may wait for its row: the rest of the ttl (a session
+    setting: the lease's connection is its own, and closed after the release)."""
+    return Call(
+        "SELECT set_config('lock_timeout', %s, false)",
+        (f"{max(1, math.ceil(seconds * 1000))}ms",),
+        decode=_nothing,
+    )
+
+
+def lease_release_timed_out(name: str) -> None:
+    leases_log.warning(
+        "lease %s not released: its row stayed locked for the rest of its ttl (a transaction that ran "
+        "check_fence on it is still open: the one around this block?); it expires at its ttl",
+        name,
+    )
 
 
 RENEWAL_REFUSED = "renewal refused: the lease expired or changed hands"

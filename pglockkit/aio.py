@@ -31,7 +31,7 @@ from pglockkit import _calls
 from pglockkit._aio_worker import Worker
 from pglockkit._calls import Job, Timeout
 from pglockkit.connection import connect_params, sever
-from pglockkit.errors import RetryableError
+from pglockkit.errors import LockTimeout, RetryableError
 from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
 from pglockkit.retry import check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
@@ -364,8 +364,12 @@ class Lease(_LeaseState):
             if self._task is not None:
                 await self._task
             if self.acquired and not self.lost.is_set():
+                # At most for the rest of the ttl: see leases.Lease.__exit__.
+                await _calls.arun(self._conn, _calls.lease_release_wait(self._valid_until - time.monotonic()))
                 await release_lease(self._conn, self.name, self.holder, self.token)
                 _calls.lease_release_event(self.name, self.holder, self.token)
+        except LockTimeout:
+            _calls.lease_release_timed_out(self.name)
         except psycopg.OperationalError:
             pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
         finally:

@@ -22,7 +22,7 @@ import psycopg
 
 from pglockkit import _calls
 from pglockkit.connection import connect, set_server_keepalives, sever
-from pglockkit.errors import PglockkitError
+from pglockkit.errors import LockTimeout, PglockkitError
 
 # What a call on the lease's own connection may raise: the driver's errors and the ones
 # pglockkit maps them to (a lock timeout, a serialization failure, ...).
@@ -248,9 +248,14 @@ class Lease(_LeaseState):
         try:
             if self.acquired and not self.lost.is_set():
                 # A lease lost unnoticed (check_fence raised StaleToken) is released as well:
-                # false, and the session's key let go of.
+                # false, and the session's key let go of. Its row may be locked by a fenced
+                # transaction that waits for this block to end: wait for it at most for the rest
+                # of the ttl, never forever.
+                _calls.run(self._conn, _calls.lease_release_wait(self._valid_until - time.monotonic()))
                 release_lease(self._conn, self.name, self.holder, self.token)
                 _calls.lease_release_event(self.name, self.holder, self.token)
+        except LockTimeout:
+            _calls.lease_release_timed_out(self.name)
         except psycopg.OperationalError:
             pass  # connection gone: the lease expires by its ttl (or at once if session-bound)
         finally:

@@ -922,3 +922,43 @@ def test_a_rival_gets_null_at_once_while_the_holder_writes_under_check_fence(db,
         waited = time.monotonic() - started
         writer.execute("COMMIT")
         assert got is None and waited < 0.5, (got, waited)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_leaving_a_lease_inside_the_transaction_that_fenced_it_waits_at_most_its_ttl(db, flavour, caplog):
+    """`with conn.transaction(): with Lease(...) as lease: lease.check_fence(conn)`: check_fence
+    holds the lease's row until conn's transaction ends, which is after the block. The release on
+    leaving waited for that row, and the transaction for the release: a hang no server detects
+    (two connections of one thread). The release now waits at most for the rest of the ttl, says
+    why it gave up, and the lease expires; the fenced write commits."""
+    db.conn.execute("CREATE TABLE fenced (v int)")
+    caplog.set_level("WARNING", "pglockkit.leases")
+    finished: list[float] = []
+
+    def sync_block() -> None:
+        with db.connect() as conn, conn.transaction():
+            with Lease(db.dsn, "nested", ttl=1.5) as lease:
+                lease.check_fence(conn)
+                conn.execute("INSERT INTO fenced VALUES (1)")
+            finished.append(time.monotonic())
+
+    async def async_block() -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn) as conn, conn.transaction():
+            async with aio.Lease(db.dsn, "nested", ttl=1.5) as lease:
+                await lease.check_fence(conn)
+                await conn.execute("INSERT INTO fenced VALUES (1)")
+            finished.append(time.monotonic())
+
+    started = time.monotonic()
+    runner = threading.Thread(target=sync_block if flavour == "sync" else lambda: asyncio.run(async_block()))
+    runner.daemon = True  # before: it never ends
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive(), "leaving the lease waited for the transaction that waits for it"
+    assert finished and finished[0] - started < 1.5 + 1.0
+    assert db.conn.execute("SELECT count(*) FROM fenced").fetchone()[0] == 1
+    assert any("not released" in r.getMessage() and "check_fence" in r.getMessage() for r in caplog.records)
+    deadline = time.monotonic() + 2  # the server counts the ttl from the acquire's arrival: a bit later
+    while acquire_lease(db.conn, "nested", "next-holder", 10) is None:
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.05)
