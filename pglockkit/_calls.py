@@ -167,13 +167,55 @@ def rollback_to(n: int) -> Call[None]:
     return Call(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(f"pglockkit_{n}")), decode=_nothing)
 
 
-def seconds(value: float | timedelta) -> timedelta:
-    """Seconds (float) or a timedelta, as the interval the SQL functions take."""
-    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+def seconds(value: float | timedelta, what: str = "duration") -> timedelta:
+    """Seconds (float) or a timedelta, as the interval the SQL functions take. NaN is 22023 and an
+    infinite or huge number 22003, as InvalidArgument naming ``what`` (they were a bare ValueError
+    or OverflowError naming neither the value nor what it was for)."""
+    if isinstance(value, timedelta):
+        return value
+    try:
+        return timedelta(seconds=value)
+    except (ValueError, OverflowError) as exc:
+        nan = isinstance(value, float) and math.isnan(value)
+        problem = "is not a number of seconds" if nan else "seconds is out of range"
+        raise InvalidArgument(f"{what} {value!r} {problem}", sqlstate="22023" if nan else "22003") from exc
+
+
+INT8 = (-(2**63), 2**63 - 1)
+
+
+def int_resource(resource: object) -> object:
+    """A lock resource as the SQL functions take it: an int beyond bigint went as a numeric, and
+    the call failed with 42883 (no such function) instead of 22003."""
+    if isinstance(resource, int) and not INT8[0] <= resource <= INT8[1]:
+        raise InvalidArgument(f"integer lock resource {resource} is out of range", sqlstate="22003")
+    return resource
+
+
+def lock_resources(resources: Sequence[object]) -> list:
+    """``xact_lock_all``'s resources: all text or all integers. A Decimal or float was sent as
+    text ('7'), so it locked another key than the integer 7 that SQL clients lock; a bool or a mix
+    failed with an error naming no argument."""
+    resources = list(resources)
+    texts = sum(isinstance(r, str) for r in resources)
+    ints = sum(isinstance(r, int) and not isinstance(r, bool) for r in resources)
+    if len(resources) not in (texts, ints):
+        odd = sorted(
+            {type(r).__name__ for r in resources if not isinstance(r, str | int) or isinstance(r, bool)}
+        )
+        got = ", ".join(odd) or "text and integers mixed"
+        raise InvalidArgument(
+            f"xact_lock_all takes resources all text or all integers, got {got}", sqlstate="22023"
+        )
+    if ints:
+        for r in resources:
+            if not INT8[0] <= r <= INT8[1]:
+                raise InvalidArgument(f"integer lock resource {r} is out of range", sqlstate="22003")
+    return resources
 
 
 def interval(timeout: Timeout) -> timedelta | None:
-    return None if timeout is None else seconds(timeout)
+    return None if timeout is None else seconds(timeout, "timeout")
 
 
 def _ms(elapsed: float) -> float:
@@ -243,7 +285,7 @@ def sample(retention: timedelta) -> Call[int]:
 
 
 def resource_key(ns: str, resource: str | int) -> Call[int]:
-    return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, resource))
+    return Call("SELECT pglockkit.lock_key(%s, %s)", (ns, int_resource(resource)))
 
 
 # The lock helpers' fast path (issue 16): the key is computed here from the namespace id cached
@@ -329,7 +371,7 @@ def local_key(
     """The key a lock helper tries with TRY_KEY (``try_key``), or None where the SQL function must
     decide (``try_xact_lock`` and ``xact_lock`` below). Refuses an autocommit connection."""
     require_transaction(conn, what)
-    if timeout is not None and not _wait_checked_locally(seconds(timeout)):
+    if timeout is not None and not _wait_checked_locally(seconds(timeout, "timeout")):
         return None
     return _local_key(conn, ns, resource)
 
@@ -339,7 +381,7 @@ def local_keys(conn: AnyConnection, ns: str, resources: list, timeout: Timeout) 
     None where the SQL function must decide: no id cached, an empty or overlong list, resources of
     both kinds or of another, a timeout it refuses. Refuses an autocommit connection."""
     require_transaction(conn, "xact_lock_all")
-    if timeout is not None and not _wait_checked_locally(seconds(timeout)):
+    if timeout is not None and not _wait_checked_locally(seconds(timeout, "timeout")):
         return None
     if not 0 < len(resources) <= _MAX_LOCKS:
         return None
@@ -377,6 +419,7 @@ def try_xact_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[boo
     """``pglockkit.try_xact_lock``, with ``lock_key`` for the cache (the helpers try the cached
     key themselves first: ``local_key``)."""
     require_transaction(conn, "try_xact_lock")
+    int_resource(resource)
 
     def decode(rows: Rows) -> bool:
         got, key, *_ = _learnt(conn, ns, rows)
@@ -401,6 +444,7 @@ def xact_lock(
     """``pglockkit.xact_lock``, which also teaches the cache; or, for ``held``, the key the helper
     computed and found held, xact_lock's slow path alone (the wait)."""
     require_transaction(conn, "xact_lock")
+    int_resource(resource)
     wait = interval(timeout)
 
     def failed(exc: Exception, elapsed: float) -> int:
@@ -430,8 +474,8 @@ def xact_lock_all(
     """``pglockkit.xact_lock_all``, which also teaches the cache (its keys' high bits are the
     namespace's id); the helpers try ``local_keys`` themselves first."""
     require_transaction(conn, "xact_lock_all")
-    resources = list(resources)
-    ints = resources and all(isinstance(r, int) for r in resources)
+    resources = lock_resources(resources)
+    ints = resources and not isinstance(resources[0], str)
 
     def decode(rows: Rows) -> list[int]:
         keys, db_oid, server_started = rows[0]
@@ -466,6 +510,10 @@ XACT_LOCK_ALL_INTS = f"SELECT pglockkit.xact_lock_all(%s, %s::bigint[], %s), {DA
 
 def lock_rows(conn: AnyConnection, table: str, ids: Sequence[int], timeout: Timeout) -> Call[int]:
     require_transaction(conn, "lock_rows")
+    ids = list(ids)
+    odd = sorted({type(i).__name__ for i in ids if not isinstance(i, int) or isinstance(i, bool)})
+    if odd:  # a Decimal('1.5') or 1.5 went as a bigint, 2: another row
+        raise InvalidArgument(f"lock_rows takes integer ids, got {', '.join(odd)}", sqlstate="22023")
     return Call(
         "SELECT pglockkit.lock_rows(%s::regclass, %s::bigint[], %s)", (table, list(ids), interval(timeout))
     )
@@ -530,6 +578,7 @@ def try_session_lock(conn: AnyConnection, ns: str, resource: str | int) -> Call[
     """``sole_writer``'s try-lock: (key, got); logs the acquisition (a skip is logged by
     ``lock_holders``, which names the holder)."""
     backend_pid = conn.info.backend_pid
+    int_resource(resource)
 
     def done(result: tuple[int, bool], elapsed: float) -> None:
         key, got = result
@@ -569,9 +618,11 @@ def session_unlock(ns: str, resource: str | int, key: int, acquired_at: float) -
         # The session is gone (killed backend, network): the server released the lock with it.
         lock_event("released", ns, resource, key, scope="session", hold_ms=hold_ms(), by="session end")
 
+    # By the key it took: the namespace may have been registered again meanwhile (another id), and
+    # unlock(ns, resource) would look for another key, held by nobody (55000 after a good block).
     return Call(
-        "SELECT pglockkit.unlock(%s, %s)",
-        (ns, resource),
+        "SELECT pglockkit._unlock(%s, %s, %s)",
+        (ns, str(resource), key),
         decode=_nothing,
         done=lambda _, __: lock_event("released", ns, resource, key, scope="session", hold_ms=hold_ms()),
         failed=failed,

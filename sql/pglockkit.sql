@@ -441,6 +441,21 @@ $$;
 COMMENT ON FUNCTION pglockkit._lock_holders(bigint) IS
     'Private: the pids holding a bigint advisory lock key in this database, for error messages.';
 
+-- A timeout is checked by comparing intervals, where a month is 30 days and so a year 360; its
+-- epoch counts a year as 365.25 days. '-1 year 361 days' compared as a day and was timed as -4.25
+-- days (1 ms); '1 year -340 days' compared as 20 days and was timed as 25.25, over what the server
+-- can time (0016). A timeout is timed on the comparisons' scale: its epoch less 5.25 days a year.
+CREATE FUNCTION pglockkit._timeout_span(timeout interval) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- (OPERATOR() syntax has one precedence for all operators: the product is in parentheses.)
+    SELECT pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', timeout)
+                                            OPERATOR(pg_catalog.-) (pg_catalog.date_part('year', timeout) OPERATOR(pg_catalog.*) 453600))
+$$;
+COMMENT ON FUNCTION pglockkit._timeout_span(interval) IS
+    'Private: a timeout as the span its comparisons see (a month 30 days, a year 360): what a wait of that timeout lasts.';
+
 CREATE FUNCTION pglockkit._set_lock_timeout(timeout interval) RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -448,7 +463,7 @@ AS $$
     -- Whole milliseconds, at least 1: lock_timeout = 0 would mean "wait forever".
     SELECT pg_catalog.set_config('lock_timeout',
         (SELECT CASE WHEN ms < 1 THEN 1 ELSE ms END
-           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', timeout) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
+           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', pglockkit._timeout_span(timeout)) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
         )::text OPERATOR(pg_catalog.||) 'ms',
         true)
 $$;
@@ -532,7 +547,7 @@ DECLARE
 BEGIN
     PERFORM pglockkit._check_timeout(timeout);
     v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns));
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) v_timeout;
+    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(v_timeout);
     -- Ascending key order is what makes two callers unable to deadlock on the same set.
     FOR v_key, v_label IN
         SELECT DISTINCT ON (k.key) k.key, k.label
@@ -752,6 +767,8 @@ DECLARE
     v_rows     integer;
     v_kind     "char";
     v_type     regtype;
+    v_base     regtype;  -- v_type, or the type a domain is over
+    v_next     regtype;
     v_what     text;
 BEGIN
     IF tbl IS NULL THEN
@@ -784,9 +801,23 @@ BEGIN
         RAISE EXCEPTION '% % has no column "id"', v_what, tbl USING ERRCODE = 'undefined_column',
             HINT = 'lock_rows locks rows by their "id" column; for other keys: SELECT ... ORDER BY key FOR UPDATE.';
     END IF;
+    -- A floating-point id compares with a bigint as a float: 2^53 + 1 found (and locked) the row of
+    -- 2^53 (0016). Refused, as a domain over one is.
+    v_base := v_type;
+    LOOP
+        SELECT t.typbasetype INTO v_next FROM pg_catalog.pg_type t WHERE t.oid = v_base AND t.typtype = 'd';
+        EXIT WHEN NOT FOUND;
+        v_base := v_next;
+    END LOOP;
+    IF v_base IN ('real'::regtype, 'double precision'::regtype) THEN
+        RAISE EXCEPTION 'column "id" of % % is %, not an integer', v_what, tbl, v_type
+            USING ERRCODE = 'datatype_mismatch',
+                  DETAIL = 'A floating-point id matches more than one bigint: lock_rows could lock a row whose id was not asked for.',
+                  HINT = 'lock_rows locks rows by integer id; for other keys: SELECT ... ORDER BY key FOR UPDATE.';
+    END IF;
     -- regclass output is schema-qualified where needed and quoted: safe to splice in.
     v_sql := pg_catalog.format('SELECT 1 FROM %s WHERE id = $1 FOR UPDATE', tbl);
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) timeout;
+    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(timeout);
     -- One row at a time in ascending id order: the order is what prevents deadlocks, and the
     -- deadline makes the timeout bound the whole call.
     FOR v_id IN SELECT DISTINCT i FROM pg_catalog.unnest(ids) AS i ORDER BY i LOOP
@@ -827,7 +858,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.lock_rows(regclass, bigint[], interval) IS
-    'Locks rows of a table (or partitioned table, simple view, foreign table) FOR UPDATE by their "id" column, in ascending id order, so that callers locking several rows cannot deadlock each other. The timeout bounds the whole call (55P03). Returns how many of the ids exist (and are now locked). Another kind of relation, or a view whose rows cannot be locked, is 42809; no "id" column 42703; an "id" that is not a number 42804; an id outside the column''s type 22003. Runs with the caller''s privileges.';
+    'Locks rows of a table (or partitioned table, simple view, foreign table) FOR UPDATE by their "id" column, in ascending id order, so that callers locking several rows cannot deadlock each other. The timeout bounds the whole call (55P03). Returns how many of the ids exist (and are now locked). Another kind of relation, or a view whose rows cannot be locked, is 42809; no "id" column 42703; an "id" that is not a number, or a floating-point one, 42804; an id outside the column''s type 22003. Runs with the caller''s privileges.';
 
 -- ==== sql/schema/03_leases.sql ====
 

@@ -638,3 +638,157 @@ def test_a_lock_timeout_names_the_holder_in_its_own_message(db, ns):
             with pytest.raises(pglockkit.LockTimeout) as err, waiter.transaction():
                 pglockkit.xact_lock_all(waiter, ns, ["invoice:1", "invoice:9"], timeout=0.1)
             assert f"Held by pid {pid}" in str(err.value), str(err.value)
+
+
+# --- review (locks): inputs the Python helpers must refuse with the documented SQLSTATE -----------
+
+
+@pytest.mark.parametrize("resource", [2**63, -(2**63) - 1, 2**64])
+@pytest.mark.parametrize("helper", ["xact_lock", "try_xact_lock", "resource_key", "sole_writer"])
+def test_an_integer_resource_beyond_bigint_is_refused_as_out_of_range(db, ns, helper, resource):
+    """errors.md: an integer resource outside 0..2^47-1 is 22003 (InvalidArgument). psycopg sends a
+    Python int past int64 as numeric, and the call failed with 42883 "function
+    pglockkit.xact_lock(unknown, numeric, unknown) does not exist" instead (as int4() in _calls
+    already fixes for the integer arguments of other calls)."""
+    with db.connect() as conn:
+        with pytest.raises(pglockkit.InvalidArgument, match="out of range") as err:
+            if helper == "sole_writer":
+                with pglockkit.sole_writer(db.dsn, ns, resource):
+                    pass
+            elif helper == "resource_key":
+                pglockkit.locks.resource_key(conn, ns, resource)
+            else:
+                with conn.transaction():
+                    getattr(pglockkit, helper)(conn, ns, resource)
+        assert err.value.sqlstate == "22003"
+
+
+def test_xact_lock_all_never_locks_a_number_that_is_not_an_int_as_text(db, ns):
+    """A Decimal (what psycopg returns for a numeric column) or a float is neither a text nor an
+    integer resource. xact_lock refuses it (with 42883), keys.lock_key with TypeError; but
+    xact_lock_all sent the list as %s::text[] and silently locked the TEXT resources '7' and '8',
+    not the integer ids 7 and 8 that a SQL client locks: no mutual exclusion between the two."""
+    from decimal import Decimal
+
+    for resources, named in (([Decimal(7), Decimal(8)], "Decimal"), ([7.0, 8.0], "float"), ([True], "bool")):
+        with db.connect() as conn, conn.transaction():
+            with pytest.raises(
+                pglockkit.InvalidArgument, match=f"all text or all integers, got {named}"
+            ) as err:
+                pglockkit.xact_lock_all(conn, ns, resources)
+            assert err.value.sqlstate == "22023"
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                ).fetchone()[0]
+                == 0
+            )
+    with db.connect() as conn, conn.transaction():
+        with pytest.raises(pglockkit.InvalidArgument, match="mixed"):
+            pglockkit.xact_lock_all(conn, ns, [1, "a"])
+        with pytest.raises(pglockkit.InvalidArgument, match="integer ids, got Decimal"):
+            pglockkit.lock_rows(conn, "pglockkit.namespaces", [Decimal("1.5")])
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), float("-inf"), 1e15])
+@pytest.mark.parametrize("helper", ["xact_lock", "xact_lock_all", "lock_rows", "register_namespace"])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_invalid_argument(db, ns, helper, timeout):
+    """errors.md: every error carries a SQLSTATE and a message naming the problem (a bad timeout:
+    22023, over 24 days: 22003). A NaN or infinite float timeout raised datetime's bare
+    ValueError("cannot convert float NaN to integer") / OverflowError("cannot convert float
+    infinity to integer"), naming neither the timeout nor the call."""
+    with db.connect() as conn:
+        with (
+            pytest.raises(pglockkit.InvalidArgument, match=f"timeout {timeout!r}") as err,
+            conn.transaction(),
+        ):
+            if helper == "xact_lock":
+                pglockkit.xact_lock(conn, ns, "x", timeout=timeout)
+            elif helper == "xact_lock_all":
+                pglockkit.xact_lock_all(conn, ns, ["x"], timeout=timeout)
+            elif helper == "register_namespace":
+                pglockkit.register_namespace(conn, "slow", lock_timeout=timeout)
+            else:
+                pglockkit.lock_rows(conn, "pglockkit.namespaces", [1], timeout=timeout)
+        assert err.value.sqlstate in ("22023", "22003")
+
+
+# --- review (locks): timeouts whose month/year parts compare one way and are timed another --------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT pglockkit.xact_lock(%s, 'held', interval '-1 year 361 days')",
+        "SELECT pglockkit.xact_lock_all(%s, ARRAY['held'], interval '-1 year 361 days')",
+    ],
+)
+def test_a_timeout_that_compares_as_a_day_is_not_timed_as_a_millisecond(db, ns, call):
+    """'-1 year 361 days' compares as 1 day (a year is 360 days to interval comparison), so
+    _check_timeout and xact_lock's fast-path guard accept it; but _set_lock_timeout times it by
+    its epoch (a year is 365.25 days there): -4.25 days, clamped to 1 ms, and the call gave up
+    with 55P03 "within -1 years +361 days" at once. (Leases already refuse '-2 mon 61 days' for
+    the same reason: positive to compare, not in effect.) It must be refused up front (22023) or
+    waited as what it compares as; here the holder is still there after 1 s."""
+    with db.connect() as holder, db.connect() as waiter:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'held')", (ns,))
+        waiter.execute("BEGIN")
+        waiter.execute("SET LOCAL statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled):  # still waiting after 1 s, as for a day
+            waiter.execute(call, (ns,))
+        waiter.execute("ROLLBACK")
+
+
+def test_a_positive_timeout_under_24_days_never_fails_on_the_lock_timeout_setting(db, ns):
+    """'1 year -340 days' compares as 20 days (accepted: positive, under 24 days), but its epoch
+    is 25.25 days, and _set_lock_timeout failed with the server's 22023 'invalid value for
+    parameter "lock_timeout": "2181600000ms"' (Value exceeds integer range), a message about a
+    setting the caller never named. The same value passes register_namespace and the namespaces
+    CHECK, after which every contended xact_lock in that namespace fails that way."""
+    db.conn.execute(
+        "SELECT pglockkit.register_namespace('lenient', lock_timeout => interval '1 year -340 days')"
+    )
+    for namespace, timeout in ((ns, "interval '1 year -340 days'"), ("lenient", "NULL")):
+        with db.connect() as holder, db.connect() as waiter:
+            holder.execute("SELECT pglockkit.try_lock(%s, 'held')", (namespace,))
+            waiter.execute("BEGIN")
+            waiter.execute("SET LOCAL statement_timeout = '1s'")
+            with pytest.raises(psycopg.errors.QueryCanceled):  # waiting, as for 20 days
+                waiter.execute(f"SELECT pglockkit.xact_lock(%s, 'held', {timeout})", (namespace,))
+            waiter.execute("ROLLBACK")
+
+
+# --- review (locks): lock_rows on a floating-point id column ---------------------------------------
+
+
+def test_lock_rows_never_locks_a_row_whose_id_is_not_the_one_asked_for(db):
+    """errors.md / locks.md: lock_rows takes rows by their id (an integer or numeric; 42804 for an
+    id that is not a number). On a double precision id the bigint id is converted to float8, and
+    2^53 + 1 became 2^53: lock_rows locked the row with id 2^53, counted it as found, and left
+    the caller believing it holds row 2^53 + 1. Either refuse a floating-point id column (42804)
+    or lock only rows whose id equals the id asked for."""
+    db.conn.execute("CREATE TABLE measured (id double precision PRIMARY KEY)")
+    db.conn.execute("INSERT INTO measured VALUES (9007199254740992)")  # 2^53
+    with db.connect() as conn, db.connect() as other:
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.errors.DatatypeMismatch, match="double precision, not an integer"):
+            conn.execute("SELECT pglockkit.lock_rows('measured', ARRAY[9007199254740993])")
+        conn.execute("ROLLBACK")
+        other.execute("SET lock_timeout = '100ms'")
+        rows = other.execute("SELECT id FROM measured WHERE id = 9007199254740992 FOR UPDATE").fetchall()
+        assert len(rows) == 1  # not locked by lock_rows
+
+
+def test_sole_writer_releases_the_key_it_took_even_if_the_namespace_moved(db):
+    """sole_writer takes the session lock on the key it computed at entry, but its exit called
+    pglockkit.unlock(ns, resource), which computes the key again from the registry as it is then.
+    With the namespace re-registered under another id while the block ran (deleted by hand, which
+    python.md's cache note treats as a case to survive), a block that succeeded raised
+    LockNotHeld (55000) on exit, with the hint that blames a transaction-mode pooler; had it been
+    deleted, UnknownNamespace. The exit should release the key it took (pg_advisory_unlock(key))."""
+    db.conn.execute("SELECT pglockkit.register_namespace('moving', 500)")
+    with pglockkit.sole_writer(db.dsn, "moving", "job") as mine:
+        assert mine
+        db.conn.execute("DELETE FROM pglockkit.namespaces WHERE name = 'moving'")
+        db.conn.execute("SELECT pglockkit.register_namespace('moving', 501)")
+    assert db.conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(500, "job"),)).fetchone()[0]
