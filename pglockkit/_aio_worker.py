@@ -34,6 +34,7 @@ from pglockkit._lanes import (
     Ticker,
     WorkerBase,
     is_async,
+    lane_params,
     outcome,
 )
 from pglockkit.connection import connect_params
@@ -111,7 +112,7 @@ class Worker(WorkerBase):
             heartbeat = await self._connect(f"{app} heartbeat")
             tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
             tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
-            params = connect_params(app, {"autocommit": True})
+            params = lane_params(self.dsn, app)
             lanes = [asyncio.create_task(self._lane(params, exit_when_idle)) for _ in range(s.concurrency)]
             await self._until_done(lanes)
         finally:
@@ -356,6 +357,12 @@ class Worker(WorkerBase):
             return lambda: None
         loop = self._loop
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # A signal the loop already handles (the application's loop.add_signal_handler: Python sees
+        # asyncio's no-op trampoline) is left to that handler, which should call stop(): replacing
+        # it and then restoring the trampoline left the signal ignored after run() returned.
+        previous = {
+            sig: h for sig, h in previous.items() if getattr(h, "__module__", None) != "asyncio.unix_events"
+        }
         for sig in previous:
             loop.add_signal_handler(sig, self.stop)
 

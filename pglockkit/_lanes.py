@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import threading
 import time
 import traceback
@@ -47,16 +48,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
+from pglockkit.connection import connect_params
 from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, UnknownJob
 
 log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
 MAX_LEASE = timedelta(days=7)  # claim_job's limit
+# Seconds a lane's connect may take unless the DSN (or PGCONNECT_TIMEOUT) says: libpq waits 130 s
+# for a server that does not answer, and a stop() meanwhile waited as long (the pool that lanes
+# took their connections from waited 3 s).
+LANE_CONNECT_TIMEOUT = 3
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
 LONGEST_PAUSE = 86400.0  # seconds, a day: the longest poll, group time, reconnect pause (and CLI pause)
 
@@ -293,6 +300,14 @@ class WorkerBase:
         """The subclass's own state."""
 
 
+def lane_params(dsn: str, application_name: str) -> dict[str, Any]:
+    """The connect parameters of a worker's lane (sync or async)."""
+    params = connect_params(application_name, {"autocommit": True})
+    if "connect_timeout" not in conninfo_to_dict(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
+        params.setdefault("connect_timeout", LANE_CONNECT_TIMEOUT)
+    return params
+
+
 class Ticker:
     """When a worker process ticks the schedules: at most every ``TICK_INTERVAL`` seconds, on
     the LISTEN connection (idle between notifications, so the lanes never wait for a tick). A
@@ -310,12 +325,12 @@ class Ticker:
         return min(TICK_INTERVAL * 2**self._failures, TICK_BACKOFF_CAP) if self._failures else TICK_INTERVAL
 
     def due(self) -> bool:
+        if self._failures and not self._failed:  # the last tick worked: once a second again
+            log.warning("tick_schedules works again after %d failure(s)", self._failures)
+            self._failures = 0
         now = time.monotonic()
         if not self.enabled or now - self._last < self._wait():
             return False
-        if self._failures and not self._failed:
-            log.warning("tick_schedules works again after %d failure(s)", self._failures)
-            self._failures = 0
         self._last, self._failed = now, False
         return True
 

@@ -39,13 +39,16 @@ from pglockkit._lanes import (
     Watch,
     WorkerBase,
     is_async,
+    lane_params,
     outcome,
 )
-from pglockkit.connection import connect, connect_params
+from pglockkit.connection import connect
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import backoff
 
 log = logging.getLogger("pglockkit.queue")
+
+STOP_LOOK = 0.25  # seconds: how often a waiting lane (or run()) looks at the stop flag
 
 
 def first_line(exc: BaseException) -> str:
@@ -142,12 +145,17 @@ class Worker(WorkerBase):
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
-        Safe from any thread and from a signal handler: it sets a flag, which the thread in
-        ``run`` passes on to the lanes within a quarter of a second. (Waking them takes locks, and
-        a signal handler runs in the main thread wherever it was, perhaps inside one of them.)"""
+        Safe from any thread and from a signal handler. In the main thread (where signal handlers
+        run, wherever that thread was: perhaps inside a lock that waking the lanes takes) it only
+        sets a flag, which the lanes and the thread in ``run`` look at every quarter of a second."""
         if self._delegate:
             self._delegate.stop()
         self._stop_asked = True
+        if threading.current_thread() is not threading.main_thread():
+            self._pass_on_stop()
+
+    def _asked_to_stop(self) -> bool:
+        return self._stop_asked or self._stopping.is_set()
 
     def _pass_on_stop(self) -> bool:
         """In the thread of ``run``: wake the lanes if ``stop`` was asked. True once stopping."""
@@ -173,7 +181,7 @@ class Worker(WorkerBase):
         try:
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
-            params = connect_params(app, {"autocommit": True})
+            params = lane_params(self.dsn, app)
             for i in range(s.concurrency):
                 lanes.append(
                     threading.Thread(
@@ -198,12 +206,12 @@ class Worker(WorkerBase):
     def _lane(self, params: dict[str, Any], exit_when_idle: bool) -> None:
         """A lane on a connection of its own, opened again after a loss with the worker's backoff
         (a pool reconnected on its own schedule: 1 s doubling, so up to a minute late)."""
-        lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
+        lane = Lane(self.settings, self._watch, self._budget, self._asked_to_stop)
         failures = 0
         conn: LaneConnection | None = None
         try:
             while True:
-                if failures and self._stopping.is_set():
+                if failures and self._asked_to_stop():
                     # Stopping after a failure (the server may be down): the jobs in hand go back by
                     # their lease. Trying again would wait out the connect timeout, again and again.
                     return
@@ -227,7 +235,7 @@ class Worker(WorkerBase):
                         log.error("lane error", exc_info=True)
                     failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
                     continue
-                if why != IDLE or self._stopping.is_set() or (exit_when_idle and token_in is None):
+                if why != IDLE or self._asked_to_stop() or (exit_when_idle and token_in is None):
                     return
                 self._wait_for_work(seen, token_in)
         finally:
@@ -239,13 +247,15 @@ class Worker(WorkerBase):
         pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
         self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
-        if not in_run:
-            self._stopping.wait(pause)
-            return failures + 1
-        # The thread of run() keeps looking for a stop(): no lock held while it waits.
+        # Looking for a stop() every quarter of a second (the thread of run() passes it on), with
+        # no lock held while it waits.
         deadline = time.monotonic() + pause
-        while not self._pass_on_stop() and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, 0.25))
+        while (left := deadline - time.monotonic()) > 0:
+            if in_run:
+                self._pass_on_stop()
+            if self._asked_to_stop():
+                break
+            time.sleep(min(left, STOP_LOOK))
         return failures + 1
 
     def _drive(self, lane: Lane, conn: LaneConnection) -> str:
@@ -311,8 +321,12 @@ class Worker(WorkerBase):
         timeout = (
             self.settings.poll_interval if token_in is None else min(token_in, self.settings.poll_interval)
         )
+        deadline = time.monotonic() + timeout
         with self._wake:
-            self._wake.wait_for(lambda: self._wakeups != seen or self._stopping.is_set(), timeout=timeout)
+            while self._wakeups == seen and not self._asked_to_stop():
+                if (left := deadline - time.monotonic()) <= 0:
+                    return
+                self._wake.wait(min(left, STOP_LOOK))
 
     def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
         """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""

@@ -9,6 +9,7 @@ import contextlib
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -941,3 +942,43 @@ def test_a_cancelled_aio_worker_fails_the_job_it_interrupted_and_commits_the_gro
     assert [jobs[i][:2] for i in after] == [("queued", 0)] * 2
     logged = {r[0] for r in db.conn.execute("SELECT job_id FROM done_log")}
     assert slow not in logged and set(before) <= logged
+
+
+def test_aio_run_puts_back_a_handler_the_loop_had(tables, tmp_path):
+    """An asyncio application installs its SIGTERM handler with ``loop.add_signal_handler`` (the
+    asyncio way). aio.Worker.run() then reads ``signal.getsignal``, which is the loop's no-op
+    trampoline, and on return removes the loop's entry (the application's callback is gone) and
+    puts the no-op back: the next SIGTERM is ignored outright, neither the application's handler
+    nor the default runs. Run in a child process: a process that dies of SIGTERM must not be pytest."""
+    db = tables
+    q.enqueue(db.conn, "w", {})
+    script = tmp_path / "app.py"
+    script.write_text(
+        f"""
+import asyncio, os, signal, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+from queue_handlers import span_async
+import pglockkit.aio as aio
+
+async def main():
+    loop = asyncio.get_running_loop()
+    got = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, got.set)  # the application's own shutdown
+    assert await aio.Worker({db.dsn!r}, "w", span_async).run(exit_when_idle=True) == 1
+    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        await asyncio.wait_for(got.wait(), 5)
+    except TimeoutError:
+        print("SIGTERM ignored: handler now", signal.getsignal(signal.SIGTERM))
+        sys.exit(3)
+    print("application handler ran")
+
+asyncio.run(main())
+"""
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "application handler ran" in done.stdout

@@ -525,3 +525,95 @@ def test_leaving_a_lease_whose_backend_froze_does_not_wait_for_the_backend(priva
             os.kill(backend, signal.SIGCONT)
     assert left_after < 1.5 + 0.6 + 1, f"leaving the block took {left_after:.1f} s"
     assert lost == ["stuck"]
+
+
+def test_stop_reaches_the_lanes_while_the_listen_connection_is_being_opened_again(private_server):
+    """Worker.stop()'s promise: a flag "which the thread in run passes on to the lanes within a
+    quarter of a second". The thread in run is also the one that opens the LISTEN connection again
+    after a loss, and a connect that does not answer (a server that accepts TCP but does not get to
+    the startup packet: a partition, an overloaded postmaster; here, a frozen postmaster) holds it
+    for psycopg's connect timeout, 130 s. All that time stop() reaches no lane: they go on claiming
+    and running jobs (a SIGTERM'd pod is SIGKILLed meanwhile, its batch in hand burning an
+    attempt each). Before the flag, stop() set the lanes' event itself."""
+    dsn = private_server.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE done_log (job_id bigint)")
+        q.enqueue_many(conn, "w", [{}] * 2000)
+
+    def handler(job, conn):
+        time.sleep(0.02)
+        conn.execute("INSERT INTO done_log VALUES (%s)", (job.id,))
+
+    postmaster = int((private_server.datadir / "postmaster.pid").read_text().split()[0])
+    worker = pglockkit.Worker(dsn, "w", handler, concurrency=2, batch=4, group=1, tick_schedules=False)
+    runner = threading.Thread(target=worker.run)
+    with psycopg.connect(dsn, autocommit=True) as watch:
+
+        def count(sql: str) -> int:
+            return watch.execute(sql).fetchone()[0]
+
+        runner.start()
+        stopped = False
+        try:
+            _wait_for("jobs running", lambda: count("SELECT count(*) FROM done_log") > 10, 20)
+            listener = count(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pglockkit worker w listen'"
+            )
+            os.kill(postmaster, signal.SIGSTOP)  # new connections wait; open ones work on
+            stopped = True
+            watch.execute("SELECT pg_terminate_backend(%s)", (listener,))
+            time.sleep(1.0)  # the listen loop saw the loss and is opening a connection again
+            worker.stop()
+            time.sleep(1.5)  # a quarter of a second, and the jobs in hand (20 ms each)
+            done_then = count("SELECT count(*) FROM done_log")
+            time.sleep(2.0)
+            done_later = count("SELECT count(*) FROM done_log")
+            running = count("SELECT count(*) FROM pglockkit.jobs WHERE status = 'running'")
+        finally:
+            if stopped:
+                os.kill(postmaster, signal.SIGCONT)
+            worker.stop()
+            runner.join(60)
+    assert done_later == done_then and running == 0, (
+        f"2 s after stop() had been passed on, the lanes still ran jobs: {done_later - done_then} more "
+        f"done, {running} claimed"
+    )
+
+
+@pytest.mark.parametrize("flavour", ["threads", "asyncio"])
+def test_stop_returns_soon_while_a_lane_is_opening_its_connection_again(private_server, flavour):
+    """docs/queue.md: "Stopped while the server is unreachable, it stops retrying and returns at
+    once". A lane whose connection was lost opens a new one itself now (no pool): a server that
+    does not answer the connect (a partition drops the SYN; here a frozen postmaster) keeps the
+    lane inside connect() for psycopg's connect timeout, 130 s, and run() waits for it. With the
+    pool a lane waited at most POOL_WAIT (3 s) for a connection and then saw the stop."""
+    dsn = private_server.dsn()
+
+    def handler(job, conn):
+        pass
+
+    async def ahandler(job, conn):
+        pass
+
+    postmaster = int((private_server.datadir / "postmaster.pid").read_text().split()[0])
+    worker = pglockkit.Worker(
+        dsn, "w", handler if flavour == "threads" else ahandler, concurrency=2, poll_interval=0.2
+    )
+    runner = threading.Thread(target=worker.run, daemon=True)
+    lanes = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w'"
+    with psycopg.connect(dsn, autocommit=True) as watch:
+        runner.start()
+        _wait_for("both lanes connected", lambda: watch.execute(lanes).fetchone()[0] == 2, 20)
+        os.kill(postmaster, signal.SIGSTOP)  # connects hang; the listener's connection works on
+        try:
+            watch.execute(lanes.replace("count(*)", "pg_terminate_backend(pid)"))
+            time.sleep(1.5)  # the lanes' next claim (poll 0.2 s) failed: they are connecting again
+            t0 = time.monotonic()
+            worker.stop()
+            runner.join(10)
+            took = time.monotonic() - t0
+            alive = runner.is_alive()
+        finally:
+            os.kill(postmaster, signal.SIGCONT)
+            runner.join(150)
+    assert not alive, f"run() had not returned {took:.1f} s after stop()"

@@ -22,3 +22,23 @@ def test_backoff_after_a_long_outage_stays_capped():
     rng = random.Random(3)
     pauses = [backoff(n, base=0.1, cap=10.0, rng=rng) for n in (1023, 1024, 5000, 10**9)]
     assert all(0 <= p <= 10.0 for p in pauses)
+
+
+def test_a_tick_that_works_after_failures_is_followed_by_one_a_second_later():
+    """docs/schedules.md: failing ticks are tried again after 2, 4, 8 ... up to 30 s, "and at once
+    a second again after one works". The Ticker keeps its failure count until the next due() after
+    the tick that worked, so that due() still waits the backed-off interval (up to 30 s): a worker
+    ticks the schedules once more at the backoff's pace before going back to one a second."""
+    import time
+
+    import psycopg
+
+    from pglockkit._lanes import Ticker
+
+    ticker = Ticker(True)
+    assert ticker.due()
+    ticker.failed(psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"))
+    time.sleep(2.05)  # the backoff after one failure: 2 s
+    assert ticker.due()  # this tick works (no failed())
+    time.sleep(1.05)
+    assert ticker.due(), "a second after a tick that worked, the next was not due"
