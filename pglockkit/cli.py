@@ -443,6 +443,8 @@ class _Reconnecting:
                 self.conn = self._connect()
             return step(self.conn)
         except psycopg.OperationalError as exc:
+            if self.conn is not None and not self.conn.closed:
+                raise  # the connection is fine: a statement timeout, a cancel, a full disk
             text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"pglockkit {self.name}: connection lost ({text}); retrying", file=sys.stderr)
             self.close()

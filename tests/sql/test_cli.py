@@ -218,3 +218,43 @@ def test_uninstall_where_pglockkit_is_not_installed_says_there_was_nothing_to_dr
     out = run("uninstall", "--yes", "--dsn", empty_db)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("dropped schemas pglockkit and pglockkit_migrations ("), out.stdout
+
+
+def test_sample_fails_on_a_statement_timeout_instead_of_calling_it_a_lost_connection(db):
+    """`sample` and `top` go on after a lost connection (psycopg.OperationalError). That class is
+    wider than a lost connection: a statement_timeout (57014, QueryCanceled) is one too, and so are
+    an admin's pg_cancel_backend, disk full and out of memory (class 53). `sample --count 1` (a cron
+    job's sample) whose statement times out printed "connection lost (canceling statement due to
+    statement timeout); retrying" forever and never exited; it exited 1 with the error before."""
+    import psycopg
+
+    with psycopg.connect(db.dsn, autocommit=True) as blocker:
+        with blocker.transaction():
+            blocker.execute("LOCK TABLE pglockkit.queue_samples IN ACCESS EXCLUSIVE MODE")
+            env = {**os.environ, "PGOPTIONS": "-c statement_timeout=300"}
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pglockkit.cli",
+                    "sample",
+                    "--count",
+                    "1",
+                    "--every",
+                    "0.2s",
+                    "--dsn",
+                    db.dsn,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                _, err = proc.communicate(timeout=8)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                pytest.fail(f"sample --count 1 still running after 8 s: {err.splitlines()[:2]}")
+    assert proc.returncode == 1 and "57014" in err, (proc.returncode, err)
+    assert "connection lost" not in err, err
