@@ -962,3 +962,22 @@ def test_leaving_a_lease_inside_the_transaction_that_fenced_it_waits_at_most_its
     while acquire_lease(db.conn, "nested", "next-holder", 10) is None:
         assert time.monotonic() < deadline, "the lease never expired"
         time.sleep(0.05)
+
+
+def test_a_renewal_slowed_by_a_fenced_transaction_shorter_than_the_rule_keeps_the_lease(db):
+    """docs/leases.md: a renewal waits for the lease's row behind the writer's check_fence, so a
+    fenced transaction that starts just before a renewal must end within the ttl less renew_every
+    (two thirds of the ttl by default). One of 1.8 s, of a 3 s ttl, starting 0.15 s before a
+    renewal (every 1 s): the renewal waits 1.65 s, answers true, and the lease is kept."""
+    lost: list[str] = []
+    with Lease(db.dsn, "slowfence", ttl=3, on_lost=lambda lease: lost.append(lease.lost_reason)) as lease:
+        entered = time.monotonic()
+        assert lease.acquired and lease.renew_every == 1.0
+        time.sleep(0.85)  # 0.15 s before the first renewal
+        with db.connect() as writer, writer.transaction():
+            lease.check_fence(writer)  # holds the lease's row FOR SHARE until the commit
+            time.sleep(1.8)  # shorter than two thirds of the ttl
+        time.sleep(entered + 5.5 - time.monotonic())
+        assert not lease.lost.is_set(), f"lost: {lost}"
+        with db.connect() as writer, writer.transaction():
+            lease.check_fence(writer)  # the server agrees: still ours
