@@ -23,6 +23,7 @@ pyproject.toml): ``scenarios.py``, ``queue_handlers.py``, ``pg_ctl_unprivileged.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import sys
@@ -74,7 +75,10 @@ def _pg_ctl(name: str) -> str:
         mode = parent.stat().st_mode
         if mode & 0o001 == 0:
             parent.chmod(mode | 0o001)
-    launcher_dir = Path(tempfile.gettempdir()) / "pglockkit-test-launchers"
+    # One directory per checkout: a launcher names this checkout's pg_ctl_unprivileged.py, and a
+    # run from another checkout (a worktree since removed) must not rewrite it under this one.
+    checkout = hashlib.sha1(str(HERE).encode()).hexdigest()[:12]
+    launcher_dir = Path(tempfile.gettempdir()) / f"pglockkit-test-launchers-{checkout}"
     launcher_dir.mkdir(exist_ok=True)
     launcher = launcher_dir / f"pg_ctl-{name}"
     launcher.write_text(
