@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -184,34 +185,50 @@ def seconds(value: float | timedelta, what: str = "duration") -> timedelta:
 INT8 = (-(2**63), 2**63 - 1)
 
 
+def _integer(value: object) -> int | None:
+    """``value`` as a Python int if it is an integer (an int, a numpy integer: what
+    ``operator.index`` takes), not a bool; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def int_resource(resource: object) -> object:
     """A lock resource as the SQL functions take it: an int beyond bigint went as a numeric, and
-    the call failed with 42883 (no such function) instead of 22003."""
+    the call failed with 42883 (no such function) instead of 22003; a bool went as a boolean (42883
+    too)."""
+    if isinstance(resource, bool):
+        raise InvalidArgument("a lock resource is a text or an integer, got bool", sqlstate="22023")
     if isinstance(resource, int) and not INT8[0] <= resource <= INT8[1]:
         raise InvalidArgument(f"integer lock resource {resource} is out of range", sqlstate="22003")
     return resource
 
 
 def lock_resources(resources: Sequence[object]) -> list:
-    """``xact_lock_all``'s resources: all text or all integers. A Decimal or float was sent as
-    text ('7'), so it locked another key than the integer 7 that SQL clients lock; a bool or a mix
-    failed with an error naming no argument."""
+    """``xact_lock_all``'s resources: all text or all integers (numpy's too, as Python ints). A
+    Decimal or float was sent as text ('7'), so it locked another key than the integer 7 that SQL
+    clients lock; a bool or a mix failed with an error naming no argument."""
     resources = list(resources)
-    texts = sum(isinstance(r, str) for r in resources)
-    ints = sum(isinstance(r, int) and not isinstance(r, bool) for r in resources)
-    if len(resources) not in (texts, ints):
-        odd = sorted(
-            {type(r).__name__ for r in resources if not isinstance(r, str | int) or isinstance(r, bool)}
-        )
-        got = ", ".join(odd) or "text and integers mixed"
+    if all(isinstance(r, str) for r in resources):
+        return resources
+    ints = [_integer(r) for r in resources]
+    if None in ints:
+        odd = {
+            type(r).__name__
+            for r, i in zip(resources, ints, strict=True)
+            if i is None and not isinstance(r, str)
+        }
+        got = ", ".join(sorted(odd)) or "text and integers mixed"
         raise InvalidArgument(
             f"xact_lock_all takes resources all text or all integers, got {got}", sqlstate="22023"
         )
-    if ints:
-        for r in resources:
-            if not INT8[0] <= r <= INT8[1]:
-                raise InvalidArgument(f"integer lock resource {r} is out of range", sqlstate="22003")
-    return resources
+    for r in ints:
+        if not INT8[0] <= r <= INT8[1]:
+            raise InvalidArgument(f"integer lock resource {r} is out of range", sqlstate="22003")
+    return ints
 
 
 def interval(timeout: Timeout) -> timedelta | None:
@@ -511,11 +528,12 @@ XACT_LOCK_ALL_INTS = f"SELECT pglockkit.xact_lock_all(%s, %s::bigint[], %s), {DA
 def lock_rows(conn: AnyConnection, table: str, ids: Sequence[int], timeout: Timeout) -> Call[int]:
     require_transaction(conn, "lock_rows")
     ids = list(ids)
-    odd = sorted({type(i).__name__ for i in ids if not isinstance(i, int) or isinstance(i, bool)})
-    if odd:  # a Decimal('1.5') or 1.5 went as a bigint, 2: another row
+    integers = [_integer(i) for i in ids]
+    if None in integers:  # a Decimal('1.5') or 1.5 went as a bigint, 2: another row
+        odd = sorted({type(i).__name__ for i, n in zip(ids, integers, strict=True) if n is None})
         raise InvalidArgument(f"lock_rows takes integer ids, got {', '.join(odd)}", sqlstate="22023")
     return Call(
-        "SELECT pglockkit.lock_rows(%s::regclass, %s::bigint[], %s)", (table, list(ids), interval(timeout))
+        "SELECT pglockkit.lock_rows(%s::regclass, %s::bigint[], %s)", (table, integers, interval(timeout))
     )
 
 
@@ -686,11 +704,10 @@ def renewal_error(exc: Exception) -> str:
 def lease_release_wait(seconds: float) -> Call[None]:
     """How long a leaving lease's release may wait for its row: the rest of the ttl (a session
     setting: the lease's connection is its own, and closed after the release)."""
-    return Call(
-        "SELECT set_config('lock_timeout', %s, false)",
-        (f"{max(1, math.ceil(seconds * 1000))}ms",),
-        decode=_nothing,
-    )
+    # At most what the server can time (2^31 - 1 ms, about 24.8 days): a ttl of a month gave "invalid
+    # value for parameter lock_timeout", and the lease was not released at all.
+    ms = min(max(1, math.ceil(seconds * 1000)), 2**31 - 1)
+    return Call("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",), decode=_nothing)
 
 
 def lease_release_timed_out(name: str) -> None:

@@ -981,3 +981,26 @@ def test_a_renewal_slowed_by_a_fenced_transaction_shorter_than_the_rule_keeps_th
         assert not lease.lost.is_set(), f"lost: {lost}"
         with db.connect() as writer, writer.transaction():
             lease.check_fence(writer)  # the server agrees: still ours
+
+
+# --- review (latest): the release's lock_timeout for a ttl beyond what lock_timeout can hold ------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_lease_with_a_ttl_of_weeks_is_released_on_leaving_its_block(db, flavour):
+    """A ttl may be up to a year (_check_lease_args). Leaving the block now first sets lock_timeout
+    to the rest of the ttl in milliseconds (lease_release_wait); past 2^31 - 1 ms (24.8 days) the
+    server refuses the setting (22023 'invalid value for parameter "lock_timeout"'), __exit__
+    raises an error about a setting the caller never named, and release_lease never runs: the
+    lease stays held, refusing every rival, for the rest of its 30 days."""
+
+    def sync_block() -> None:
+        with Lease(db.dsn, "monthly", ttl=timedelta(days=30)) as lease:
+            assert lease.acquired
+
+    async def async_block() -> None:
+        async with aio.Lease(db.dsn, "monthly", ttl=timedelta(days=30)) as lease:
+            assert lease.acquired
+
+    sync_block() if flavour == "sync" else asyncio.run(async_block())
+    assert acquire_lease(db.conn, "monthly", "next-holder", 10) is not None, "the lease was not released"

@@ -792,3 +792,21 @@ def test_sole_writer_releases_the_key_it_took_even_if_the_namespace_moved(db):
         db.conn.execute("DELETE FROM pglockkit.namespaces WHERE name = 'moving'")
         db.conn.execute("SELECT pglockkit.register_namespace('moving', 501)")
     assert db.conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(500, "job"),)).fetchone()[0]
+
+
+# --- review (latest): integer types other than int that psycopg sends as integers ------------------
+
+
+def test_lock_rows_and_xact_lock_all_take_numpy_integer_ids_as_xact_lock_does(db, ns, orders):
+    """numpy integers (what pandas hands out, and what psycopg sends as int2..int8) are integers:
+    before c77906d lock_rows([np.int64(3)]) locked row 3, and xact_lock(np.int64(7)) still locks
+    the integer resource 7. The new input checks test ``isinstance(i, int)``, so lock_rows now
+    raises InvalidArgument "lock_rows takes integer ids, got int64" (an integer id refused as not
+    an integer), and xact_lock_all "all text or all integers, got int64" for what xact_lock takes.
+    operator.index() (or numbers.Integral) would tell integers from 1.5 / Decimal('1.5')."""
+    import numpy as np  # in the dev extra, with matplotlib
+
+    with db.connect() as conn, conn.transaction():
+        assert pglockkit.lock_rows(conn, orders, [np.int64(3), np.int64(1)]) == 2
+        key = pglockkit.xact_lock(conn, ns, np.int64(7))
+        assert pglockkit.xact_lock_all(conn, ns, [np.int64(7)]) == [key]
