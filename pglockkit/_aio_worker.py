@@ -34,10 +34,9 @@ from pglockkit._lanes import (
     Ticker,
     WorkerBase,
     is_async,
-    lane_params,
     outcome,
+    worker_params,
 )
-from pglockkit.connection import connect_params
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import backoff
 from pglockkit.worker import first_line
@@ -112,7 +111,7 @@ class Worker(WorkerBase):
             heartbeat = await self._connect(f"{app} heartbeat")
             tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
             tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
-            params = lane_params(self.dsn, app)
+            params = worker_params(self.dsn, app)
             lanes = [asyncio.create_task(self._lane(params, exit_when_idle)) for _ in range(s.concurrency)]
             await self._until_done(lanes)
         finally:
@@ -164,9 +163,7 @@ class Worker(WorkerBase):
             lane.cancel()
 
     async def _connect(self, application_name: str) -> psycopg.AsyncConnection:
-        return await psycopg.AsyncConnection.connect(
-            self.dsn, **connect_params(application_name, {"autocommit": True})
-        )
+        return await psycopg.AsyncConnection.connect(self.dsn, **worker_params(self.dsn, application_name))
 
     # --- lanes ----------------------------------------------------------------------------
 

@@ -60,10 +60,10 @@ log = logging.getLogger("pglockkit.queue")
 
 NOTIFY_CHANNEL = "pglockkit_jobs"
 MAX_LEASE = timedelta(days=7)  # claim_job's limit
-# Seconds a lane's connect may take unless the DSN (or PGCONNECT_TIMEOUT) says: libpq waits 130 s
-# for a server that does not answer, and a stop() meanwhile waited as long (the pool that lanes
-# took their connections from waited 3 s).
-LANE_CONNECT_TIMEOUT = 3
+# Seconds a worker's connect (a lane's, the LISTEN's, the heartbeat's) may take unless the DSN, its
+# service or PGCONNECT_TIMEOUT says: libpq waits 130 s for a server that does not answer, and a
+# stop() meanwhile waited as long (the pool that lanes took their connections from waited 3 s).
+CONNECT_TIMEOUT = 3
 MAX_GROUP = 64  # a transaction's first 64 subtransactions are tracked cheaply by the server
 LONGEST_PAUSE = 86400.0  # seconds, a day: the longest poll, group time, reconnect pause (and CLI pause)
 
@@ -300,11 +300,17 @@ class WorkerBase:
         """The subclass's own state."""
 
 
-def lane_params(dsn: str, application_name: str) -> dict[str, Any]:
-    """The connect parameters of a worker's lane (sync or async)."""
+def worker_params(dsn: str, application_name: str) -> dict[str, Any]:
+    """The connect parameters of a worker's connections (sync or async): autocommit, and a connect
+    timeout of CONNECT_TIMEOUT unless the DSN or its environment sets one (a parameter given here
+    would win over a service file's, so a service is left to say)."""
     params = connect_params(application_name, {"autocommit": True})
-    if "connect_timeout" not in conninfo_to_dict(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
-        params.setdefault("connect_timeout", LANE_CONNECT_TIMEOUT)
+    given = conninfo_to_dict(dsn)
+    if not (
+        {"connect_timeout", "service"} & given.keys()
+        or {"PGCONNECT_TIMEOUT", "PGSERVICE"} & os.environ.keys()
+    ):
+        params.setdefault("connect_timeout", CONNECT_TIMEOUT)
     return params
 
 

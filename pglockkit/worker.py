@@ -39,10 +39,9 @@ from pglockkit._lanes import (
     Watch,
     WorkerBase,
     is_async,
-    lane_params,
     outcome,
+    worker_params,
 )
-from pglockkit.connection import connect
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import backoff
 
@@ -65,7 +64,7 @@ class _Heartbeat:
         self.watch = watch
         self._dsn, self._app = dsn, application_name
         self._stop = threading.Event()
-        self._conn = connect(dsn, autocommit=True, application_name=application_name)
+        self._conn = psycopg.connect(dsn, **worker_params(dsn, application_name))
         self._thread = threading.Thread(target=self._run, name="pglockkit-heartbeat", daemon=True)
         self._thread.start()
 
@@ -76,7 +75,7 @@ class _Heartbeat:
                 continue
             try:
                 if self._conn.closed:  # lost (server restart, network): try again each tick
-                    self._conn = connect(self._dsn, autocommit=True, application_name=self._app)
+                    self._conn = psycopg.connect(self._dsn, **worker_params(self._dsn, self._app))
                 extended = _calls.run(self._conn, _calls.extend_many(jobs, self.lease))
                 if extended < len(jobs):
                     log.debug(
@@ -174,14 +173,14 @@ class Worker(WorkerBase):
         self._budget = Budget(max_jobs)
         s = self.settings
         app = f"pglockkit worker {s.queue}"
-        listener = connect(self.dsn, autocommit=True, application_name=f"{app} listen")  # raises at once
+        listener = psycopg.connect(self.dsn, **worker_params(self.dsn, f"{app} listen"))  # raises at once
         restore = self._install_signal_handlers()
         lanes: list[threading.Thread] = []
         heartbeat = None
         try:
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
-            params = lane_params(self.dsn, app)
+            params = worker_params(self.dsn, app)
             for i in range(s.concurrency):
                 lanes.append(
                     threading.Thread(
@@ -339,8 +338,8 @@ class Worker(WorkerBase):
                     time.sleep(0.25)  # the lanes are ending: no reconnects (the pause is 0 now)
                     continue
                 if listener.closed:
-                    listener = connect(
-                        self.dsn, autocommit=True, application_name=f"pglockkit worker {self.queue} listen"
+                    listener = psycopg.connect(
+                        self.dsn, **worker_params(self.dsn, f"pglockkit worker {self.queue} listen")
                     )
                     listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     failures = 0

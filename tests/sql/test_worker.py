@@ -982,3 +982,35 @@ asyncio.run(main())
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
     assert "application handler ran" in done.stdout
+
+
+@pytest.mark.parametrize("flavour", ["threads", "asyncio"])
+def test_a_lane_connects_with_the_connect_timeout_of_the_dsn_service(tables, tmp_path, monkeypatch, flavour):
+    """docs/queue.md: a lane's connect gives up after 3 s "unless the DSN or PGCONNECT_TIMEOUT
+    says otherwise". A DSN naming a service (service=NAME, pg_service.conf) whose entry sets
+    connect_timeout does say otherwise, but lane_params only looks at the DSN's own keywords and
+    passes connect_timeout=3 explicitly, which libpq puts before the service file's: a lane to a
+    far database whose service gives connects 30 s gave up after 3 s, and so again and again."""
+    db = tables
+    info = psycopg.conninfo.conninfo_to_dict(db.dsn)
+    service = tmp_path / "pg_service.conf"
+    service.write_text(
+        f"[far]\nhost={info['host']}\nport={info['port']}\nuser={info['user']}\n"
+        f"dbname={info['dbname']}\nconnect_timeout=30\n"
+    )
+    monkeypatch.setenv("PGSERVICEFILE", str(service))
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    q.enqueue(db.conn, "w", {})
+    seen: list[str | None] = []
+
+    def handler(job, conn):
+        seen.append(conn.info.get_parameters().get("connect_timeout"))
+
+    async def ahandler(job, conn):
+        seen.append(conn.info.get_parameters().get("connect_timeout"))
+
+    if flavour == "threads":
+        assert pglockkit.Worker("service=far", "w", handler).run(exit_when_idle=True) == 1
+    else:
+        assert asyncio.run(aio.Worker("service=far", "w", ahandler).run(exit_when_idle=True)) == 1
+    assert seen == ["30"], seen

@@ -617,3 +617,42 @@ def test_stop_returns_soon_while_a_lane_is_opening_its_connection_again(private_
             os.kill(postmaster, signal.SIGCONT)
             runner.join(150)
     assert not alive, f"run() had not returned {took:.1f} s after stop()"
+
+
+def test_stop_returns_soon_while_the_heartbeat_is_opening_its_connection_again(private_server):
+    """docs/queue.md: a stop is not held up by a connect ("a connect gives up after 3 s ... so
+    that a stop is not held up by it"; "Stopped while the server is unreachable, it stops retrying
+    and returns at once"). 0bdb42c bounded the lanes' connects, but the heartbeat opens its
+    connection again too (each tick while jobs are in hand), with psycopg's default connect
+    timeout, 130 s, and run() joins the heartbeat's thread on its way out: a stop() while the
+    server does not answer connects (a frozen postmaster here; a partition) returned only when
+    that connect gave up, long after the lanes had finished."""
+    dsn = private_server.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        q.enqueue(conn, "w", {})
+    started = threading.Event()
+
+    def handler(job, conn):
+        started.set()
+        time.sleep(2.5)
+
+    postmaster = int((private_server.datadir / "postmaster.pid").read_text().split()[0])
+    worker = pglockkit.Worker(dsn, "w", handler, lease=0.6, tick_schedules=False)  # a heartbeat every 0.2 s
+    runner = threading.Thread(target=worker.run, daemon=True)
+    heartbeat = "SELECT pid FROM pg_stat_activity WHERE application_name = 'pglockkit worker w heartbeat'"
+    with psycopg.connect(dsn, autocommit=True) as watch:
+        runner.start()
+        assert started.wait(20)
+        os.kill(postmaster, signal.SIGSTOP)  # connects hang; open connections work on
+        try:
+            watch.execute(f"SELECT pg_terminate_backend(pid) FROM ({heartbeat}) h")
+            time.sleep(1.0)  # the heartbeat's next tick failed, the one after is connecting again
+            t0 = time.monotonic()
+            worker.stop()
+            runner.join(10)  # the handler has 1.5 s to go, then the lane commits
+            took = time.monotonic() - t0
+            alive = runner.is_alive()
+        finally:
+            os.kill(postmaster, signal.SIGCONT)
+            runner.join(150)
+    assert not alive, f"run() had not returned {took:.1f} s after stop()"
