@@ -285,9 +285,13 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+SCHEDULER_BACKOFF_CAP = 30.0  # seconds between the scheduler's tries while its ticks fail
+
+
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    """Tick every `--every` until SIGTERM/SIGINT (the tick in progress finishes); a lost
-    connection is retried at the next tick. With `--once`, tick once: an error exits 1."""
+    """Tick every `--every` until SIGTERM/SIGINT (the tick in progress finishes); a tick that
+    fails (a lost connection, a database that refuses writes) is tried again on a new connection,
+    after a pause that doubles up to 30 s. With `--once`, tick once: an error exits 1."""
     import signal
 
     # The handler only sets a flag: a threading.Event's set() takes a lock that the interrupted
@@ -299,27 +303,38 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     }
     total = 0
     conn = None
+    failures = 0
     try:
         while not stopping:
+            pause = args.every.total_seconds()
             try:
                 if conn is None or conn.closed:
                     conn = connect(_dsn(args), autocommit=True, application_name="pglockkit scheduler")
                 n = scheduling.tick_schedules(conn)
                 total += n
+                failures = 0
                 if n:
                     log.info("enqueued %d job(s) from schedules", n)
-            except psycopg.OperationalError as exc:
+            except (psycopg.Error, PglockkitError) as exc:
                 if args.once:
                     # A cron job's tick that ticked nothing must fail: main() prints it, exit 1.
                     raise
-                what = "cannot connect" if conn is None else "connection lost"
-                print(f"pglockkit scheduler: {what} ({exc}); retrying", file=sys.stderr)
+                # Lost, refused (a database turned read-only in a failover), or failed: the next
+                # try is on a new connection (which may reach the new primary), after a pause that
+                # doubles up to SCHEDULER_BACKOFF_CAP, a line each, as a worker's ticks do.
+                what = (
+                    "cannot connect" if conn is None else "connection lost" if conn.closed else "tick failed"
+                )
+                failures += 1
+                pause = min(pause * 2**failures, max(pause, SCHEDULER_BACKOFF_CAP))
+                text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                print(f"pglockkit scheduler: {what} ({text}); retrying in {pause:g} s", file=sys.stderr)
                 if conn is not None:
                     conn.close()
                 conn = None
             if args.once:
                 break
-            until = time.monotonic() + args.every.total_seconds()
+            until = time.monotonic() + pause
             while not stopping and (left := until - time.monotonic()) > 0:
                 time.sleep(min(left, 0.1))
     finally:

@@ -455,3 +455,39 @@ def test_cli_scheduler_once_that_cannot_connect_exits_1(db):
     )
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert "retrying" not in done.stderr
+
+
+def test_cli_scheduler_goes_on_while_the_database_refuses_writes_and_ticks_once_it_takes_them(db):
+    """A database that refuses writes (default_transaction_read_only, as an old primary does
+    after a failover) failed the tick with 25006, and `pglockkit scheduler` exited 1: the
+    schedules stopped until something restarted it, where a worker's ticker carries on. It now
+    says so on one line, backs off (0.2, 0.4, 0.8 s ... for --every 0.1s), tries again on a new
+    connection, and ticks once the database takes writes."""
+    db.conn.execute("SELECT pglockkit.schedule('minutely', '* * * * *', 'q')")
+    now = db.conn.execute("SELECT now()").fetchone()[0]
+    _backdate(db, "minutely", now.replace(second=0, microsecond=0) - timedelta(minutes=1))
+    dbname = db.conn.info.dbname
+    db.conn.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pglockkit.cli", "scheduler", "--every", "0.1s", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.5)
+        assert proc.poll() is None, proc.communicate()
+        assert db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0] == 0
+        db.conn.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        deadline = time.monotonic() + 20
+        while not db.conn.execute("SELECT count(*) FROM pglockkit.jobs").fetchone()[0]:
+            assert time.monotonic() < deadline, "no tick after the database took writes again"
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    failed = [line for line in err.splitlines() if "tick failed" in line]
+    assert failed and all("read-only transaction" in line and "retrying in" in line for line in failed), err
+    assert len(failed) <= 5, err  # backing off: 0.2 + 0.4 + 0.8 + 1.6 s fill the 2.5 s
+    assert "1 job(s) enqueued" in out
