@@ -19,7 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
-from pglockkit._calls import Job
+from pglockkit._calls import Job, first_line
 from pglockkit._lane_connection import AsyncLaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
@@ -39,7 +39,6 @@ from pglockkit._lanes import (
 )
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import backoff
-from pglockkit.worker import first_line
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -206,13 +205,8 @@ class Worker(WorkerBase):
                     continue
                 if why != IDLE or self._stopping.is_set() or (exit_when_idle and token_in is None):
                     return
-                timeout = (
-                    self.settings.poll_interval
-                    if token_in is None
-                    else min(token_in, self.settings.poll_interval)
-                )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), timeout)
+                    await asyncio.wait_for(kick.wait(), self._idle_wait(token_in))
         finally:
             lane.forget()
             if conn is not None:

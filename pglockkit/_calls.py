@@ -226,8 +226,7 @@ def lock_resources(resources: Sequence[object]) -> list:
             f"xact_lock_all takes resources all text or all integers, got {got}", sqlstate="22023"
         )
     for r in ints:
-        if not INT8[0] <= r <= INT8[1]:
-            raise InvalidArgument(f"integer lock resource {r} is out of range", sqlstate="22003")
+        int_resource(r)
     return ints
 
 
@@ -968,10 +967,16 @@ def check_flavour(fn: object, what: str, twin: str, *, coroutine: bool) -> None:
         raise TypeError(f"{what} takes a plain function, not the coroutine function {fn!r}: use {twin}")
 
 
-def connection_lost(exc: BaseException) -> str:
-    """What a lost connection's error says, on one line (psycopg adds libpq's lines below)."""
+def first_line(exc: BaseException) -> str:
+    """An error's first line (psycopg adds libpq's lines, a DETAIL or a CONTEXT below), or its
+    class's name if it says nothing."""
     text = str(exc).strip()
-    return f"the connection was lost ({text.splitlines()[0] if text else exc.__class__.__name__})"
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def connection_lost(exc: BaseException) -> str:
+    """What a lost connection's error says, on one line."""
+    return f"the connection was lost ({first_line(exc)})"
 
 
 def unrecorded_success(job: str, slot: str, run_id: int, lost: psycopg.OperationalError) -> Exception:

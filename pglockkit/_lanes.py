@@ -296,6 +296,12 @@ class WorkerBase:
     def _check_handler(self, handler: Callable[..., Any]) -> None:
         """Raises ``TypeError`` for a handler this worker cannot run."""
 
+    def _idle_wait(self, token_in: float | None) -> float:
+        """How long a lane whose claim came back empty waits for a NOTIFY: the poll interval, or
+        less when due jobs wait for a rate token that comes sooner (``next_rate_token``)."""
+        poll = self.settings.poll_interval
+        return poll if token_in is None else min(token_in, poll)
+
     def _ready(self) -> None:
         """The subclass's own state."""
 

@@ -327,7 +327,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                 )
                 failures += 1
                 pause = min(pause * 2**failures, max(pause, SCHEDULER_BACKOFF_CAP))
-                text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                text = _calls.first_line(exc)
                 print(f"pglockkit scheduler: {what} ({text}); retrying in {pause:g} s", file=sys.stderr)
                 if conn is not None:
                     conn.close()
@@ -460,7 +460,7 @@ class _Reconnecting:
         except psycopg.OperationalError as exc:
             if self.conn is not None and not self.conn.closed:
                 raise  # the connection is fine: a statement timeout, a cancel, a full disk
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            text = _calls.first_line(exc)
             print(f"pglockkit {self.name}: connection lost ({text}); retrying", file=sys.stderr)
             self.close()
             return None

@@ -23,7 +23,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
-from pglockkit._calls import Job
+from pglockkit._calls import Job, first_line
 from pglockkit._lane_connection import LaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
@@ -48,11 +48,6 @@ from pglockkit.retry import backoff
 log = logging.getLogger("pglockkit.queue")
 
 STOP_LOOK = 0.25  # seconds: how often a waiting lane (or run()) looks at the stop flag
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class _Heartbeat:
@@ -317,10 +312,7 @@ class Worker(WorkerBase):
 
     def _wait_for_work(self, seen: int, token_in: float | None) -> None:
         """Until a NOTIFY, a stop, the poll interval, or a rate token that due jobs wait for."""
-        timeout = (
-            self.settings.poll_interval if token_in is None else min(token_in, self.settings.poll_interval)
-        )
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self._idle_wait(token_in)
         with self._wake:
             while self._wakeups == seen and not self._asked_to_stop():
                 if (left := deadline - time.monotonic()) <= 0:

@@ -70,6 +70,9 @@ def test_global_lock_serializes_queue_and_sharded_keys_scale(db, tmp_path):
     assert not db.conn.execute(
         "SELECT live FROM pglockkit.lease_status WHERE name = %s", (demo.LEASE,)
     ).fetchone()[0]
+    # What the README says it leaves, like any other user of the kit: its namespace and samples.
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.namespaces WHERE name = 'demo'").fetchone()[0] == 1
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.lock_samples").fetchone()[0] > 0
     again = run_demo("--dsn", db.dsn, "--agents", "2", "--steps", "2", "--seconds", "0.2", "--work-ms", "5")
     assert again.returncode == 0, again.stderr
     assert "steps 1,2" in again.stdout  # 1 is always measured: the parallelism's baseline
