@@ -185,6 +185,11 @@ class Worker(WorkerBase):
                         token_in = await _calls.arun(conn, _calls.next_rate_token(self.queue))
                     failures = 0
                 except psycopg.OperationalError as exc:
+                    if _calls.outlived(conn):  # a statement cancelled: the connection goes on
+                        failures = await self._pause(
+                            failures, f"lane error, group rolled back ({first_line(exc)})"
+                        )
+                        continue
                     if conn is not None:
                         await conn.close()
                     failures = await self._pause(

@@ -974,6 +974,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def outlived(conn: Any) -> bool:
+    """Whether ``conn`` outlived the ``OperationalError`` it raised: a statement cancelled by a
+    statement_timeout (57014), a lock_timeout (55P03) or pg_cancel_backend leaves it open and
+    usable, where a lost connection leaves it closed or broken."""
+    return conn is not None and not conn.closed and not conn.broken
+
+
 def connection_lost(exc: BaseException) -> str:
     """What a lost connection's error says, on one line."""
     return f"the connection was lost ({first_line(exc)})"

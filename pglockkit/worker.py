@@ -217,6 +217,9 @@ class Worker(WorkerBase):
                     token_in = None if why != IDLE else _calls.run(conn, _calls.next_rate_token(self.queue))
                     failures = 0
                 except psycopg.OperationalError as exc:
+                    if _calls.outlived(conn):  # a statement cancelled: the connection goes on
+                        failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
+                        continue
                     if conn is not None:
                         conn.close()
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")

@@ -1014,3 +1014,37 @@ def test_a_lane_connects_with_the_connect_timeout_of_the_dsn_service(tables, tmp
     else:
         assert asyncio.run(aio.Worker("service=far", "w", ahandler).run(exit_when_idle=True)) == 1
     assert seen == ["30"], seen
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_statement_cancelled_by_the_roles_statement_timeout_is_a_lane_error_not_a_lost_connection(
+    tables, caplog, asynchronous
+):
+    """A claim cancelled by the worker role's statement_timeout (57014; a lock_timeout's 55P03 or
+    pg_cancel_backend alike) leaves the connection usable. The lane logged it as a lost
+    connection and opened a new one; it is a lane error, its group rolled back, on the same
+    connection, and the job runs once the table is free."""
+    db = tables
+    dsn = psycopg.conninfo.make_conninfo(db.dsn, options="-c statement_timeout=300")
+    caplog.set_level("WARNING", "pglockkit.queue")
+    q.enqueue(db.conn, "w", {})
+    if asynchronous:
+        worker = aio.Worker(dsn, "w", span_async)
+        runner = threading.Thread(target=lambda: asyncio.run(worker.run(exit_when_idle=True)))
+    else:
+        worker = pglockkit.Worker(dsn, "w", span)
+        runner = threading.Thread(target=lambda: worker.run(exit_when_idle=True))
+    with psycopg.connect(db.dsn) as blocker:
+        blocker.execute("LOCK TABLE pglockkit.jobs IN EXCLUSIVE MODE")  # claims wait, then time out
+        runner.start()
+        deadline = time.monotonic() + 20
+        while not any("statement timeout" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.05)
+    runner.join(30)
+    assert not runner.is_alive()
+    assert db.conn.execute("SELECT count(*) FROM spans").fetchone()[0] == 1
+    cancelled = [r.getMessage() for r in caplog.records if "statement timeout" in r.getMessage()]
+    assert all("connection lost" not in m for m in cancelled), cancelled
+    assert any("lane error" in m for m in cancelled), cancelled
+    assert worker.reconnects == len(cancelled)  # pauses, no new connection was needed
