@@ -55,6 +55,7 @@ def doctor(
         *check_queues(_rows(conn, QUEUES), lag_after),
         *check_expired_leases(_rows(conn, EXPIRED_LEASES)),
         *check_xmin_horizon(_rows(conn, XMIN_HORIZON), lag_after),
+        *check_prepared_blockers(_rows(conn, PREPARED_BLOCKERS)),
         *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), conn.info.dbname),
         *check_pooler(pooler_evidence(conn)),
     ]
@@ -88,6 +89,11 @@ EXPIRED_LEASES = (
 XMIN_HORIZON = (
     "SELECT kind, holder, application_name, state, xmin_age, xact_age FROM pglockkit.xmin_horizon "
     "ORDER BY xmin_age DESC"
+)
+
+PREPARED_BLOCKERS = (
+    "SELECT g.gid, count(*) AS waiting, max(w.wait_time) AS longest "
+    "FROM pglockkit.lock_waits w, unnest(w.prepared_blockers) AS g(gid) GROUP BY g.gid ORDER BY g.gid"
 )
 
 
@@ -226,6 +232,29 @@ def check_xmin_horizon(rows: list[dict], lag_after: timedelta) -> list[Finding]:
         if (r["xact_age"] is not None and r["xact_age"] >= lag_after)
         or (r["kind"] == "replication slot" and r["state"] == "inactive")
     ]
+
+
+def check_prepared_blockers(rows: list[dict]) -> list[Finding]:
+    """Prepared transactions holding locks that sessions wait for (``gid``, ``waiting``, ``longest``:
+    rows of ``pglockkit.lock_waits``' prepared_blockers). Nothing ends one but COMMIT or ROLLBACK
+    PREPARED: not its session (it has none), not a restart."""
+    return [
+        Finding(
+            "error",
+            "prepared transaction blocks sessions",
+            f"prepared transaction {_literal(r['gid'])} holds locks that {r['waiting']} session(s) wait for"
+            f" (the longest for {fmt.age(r['longest'])})",
+            "A prepared transaction outlives its session and a restart: let its transaction manager "
+            f"finish it, or by hand (as its owner or a superuser): COMMIT PREPARED {_literal(r['gid'])}; "
+            f"or ROLLBACK PREPARED {_literal(r['gid'])};",
+        )
+        for r in rows
+    ]
+
+
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def check_lock_timeouts(rows: list[dict], dbname: str) -> list[Finding]:
@@ -412,9 +441,16 @@ def _cut(text: object, width: int) -> str:
     return s if len(s) <= width else s[: width - 1] + "~"
 
 
-def _pids(pids: list[int]) -> str:
-    """Blocking pids as ``pg_blocking_pids`` gives them: 0 is a prepared transaction."""
-    return ", ".join("a prepared transaction" if p == 0 else str(p) for p in pids)
+def _pids(pids: list[int], prepared: list[str] | None = None) -> str:
+    """Blocking pids as ``pg_blocking_pids`` gives them, where 0 is a prepared transaction:
+    ``prepared`` names those (their gids, from ``lock_waits``)."""
+    return ", ".join(_prepared(prepared) if p == 0 else str(p) for p in pids)
+
+
+def _prepared(gids: list[str] | None) -> str:
+    if not gids:
+        return "a prepared transaction"
+    return "prepared transaction " + ", ".join(_literal(g) for g in gids)
 
 
 def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
@@ -427,39 +463,43 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     locks = _rows(
         conn,
         "SELECT namespace, coalesce(key::text, key1 || ',' || key2) AS key, granted, pid, "
-        "application_name, state, state_age, wait_time, blocked_by, query "
+        "application_name, state, state_age, wait_time, blocked_by, query, prepared_gid "
         "FROM pglockkit.advisory_locks ORDER BY namespace, key, granted DESC, pid",
     )
+    waits = _rows(
+        conn,
+        "SELECT pid, blocked_by, root_blocker, sessions_behind_root, locktype, namespace, "
+        "relation, wait_time, prepared_blockers FROM pglockkit.lock_waits ORDER BY root_blocker, pid",
+    )
+    prepared = {w["pid"]: w["prepared_blockers"] for w in waits}
     out.append(f"ADVISORY LOCKS ({len(locks)})")
     out.append(f"{'NAMESPACE':<14}{'KEY':<21}{'PID':>7} {'':5}{'STATE':<11}{'FOR':>7}  APP / QUERY")
     for r in locks:
         tag = "HOLD" if r["granted"] else "WAIT"
         age = r["state_age"] if r["granted"] else r["wait_time"]
         tail = f"{r['application_name'] or ''} {r['query'] or ''}".strip()
-        # A prepared transaction holds its locks with no session: no pid, no state.
+        # A prepared transaction holds its locks with no session: no pid, no state; its gid.
         pid, state = (r["pid"], r["state"]) if r["pid"] is not None else ("2PC", "prepared")
+        if r["pid"] is None and r["prepared_gid"] is not None:
+            tail = _prepared([r["prepared_gid"]])
         line = (
             f"{_cut(r['namespace'], 13):<14}{_cut(r['key'], 20):<21}{pid:>7} {tag:<5}"
             f"{_cut(state, 10):<11}{fmt.age(age):>7}  "
         )
         out.append(line + _cut(tail, max(10, width - len(line))))
         if not r["granted"] and r["blocked_by"]:
-            out.append(f"{'':>28}`-- blocked by {_pids(r['blocked_by'])}")
-    waits = _rows(
-        conn,
-        "SELECT pid, blocked_by, root_blocker, sessions_behind_root, locktype, namespace, "
-        "relation, wait_time FROM pglockkit.lock_waits ORDER BY root_blocker, pid",
-    )
+            out.append(f"{'':>28}`-- blocked by {_pids(r['blocked_by'], prepared.get(r['pid']))}")
     out.extend(["", f"LOCK WAITS ({len(waits)})"])
     for root in sorted({w["root_blocker"] for w in waits if w["root_blocker"] is not None}):
         behind = [w for w in waits if w["root_blocker"] == root]
-        who = "a prepared transaction" if root == 0 else f"pid {root}"
+        gids = sorted({g for w in behind for g in w["prepared_blockers"] or ()})
+        who = _prepared(gids) if root == 0 else f"pid {root}"
         out.append(f"root{':' if root == 0 else ''} {who}: {len(behind)} session(s) behind")
         for w in behind:
             what = w["namespace"] or w["relation"] or w["locktype"]
             out.append(
                 f"  `-- pid {w['pid']} waits {fmt.age(w['wait_time'])} on {_cut(what, 30)} "
-                f"(blocked by {_pids(w['blocked_by'])})"
+                f"(blocked by {_pids(w['blocked_by'], w['prepared_blockers'])})"
             )
     queues = _rows(
         conn,

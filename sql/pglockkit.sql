@@ -3811,6 +3811,22 @@ $$;
 COMMENT ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) IS
     'Private: the namespace name of an advisory lock in pg_locks: the registered name, ''flyway'' for Flyway''s key, ''int4 pair'' for two-int keys, else ''unregistered''.';
 
+-- A prepared transaction holds its locks with no session (pid NULL); its locks share a
+-- virtualtransaction with the lock it holds on its own xid, which pg_prepared_xacts names (0017).
+CREATE FUNCTION pglockkit._prepared_gid(virtualtransaction text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.gid
+      FROM pg_catalog.pg_locks x
+      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
+     WHERE x.pid IS NULL AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
+       AND x.virtualtransaction OPERATOR(pg_catalog.=) _prepared_gid.virtualtransaction
+     LIMIT 1
+$$;
+COMMENT ON FUNCTION pglockkit._prepared_gid(text) IS
+    'Private: the gid of the prepared transaction whose locks pg_locks lists under this virtualtransaction (NULL if none).';
+
 CREATE VIEW pglockkit.advisory_locks AS
 SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
             WHEN l.classid::int8 OPERATOR(pg_catalog.=) 0 AND l.objid::int8 OPERATOR(pg_catalog.=) 72707369 THEN 'flyway'
@@ -3826,7 +3842,8 @@ SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
        pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) a.state_change AS state_age,
        CASE WHEN NOT l.granted THEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.waitstart END AS wait_time,
        CASE WHEN NOT l.granted THEN pg_catalog.pg_blocking_pids(l.pid) END AS blocked_by,
-       a.query
+       a.query,
+       CASE WHEN l.pid IS NULL THEN pglockkit._prepared_gid(l.virtualtransaction) END AS prepared_gid
   FROM pg_catalog.pg_locks l
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
   -- The namespace of a positive bigint key is its top 16 bits: classid >> 16 (key >> 48).
@@ -3838,7 +3855,7 @@ SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
    AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
 COMMENT ON VIEW pglockkit.advisory_locks IS
-    'Every advisory lock held or awaited in this database: namespace (registered name, ''flyway'', ''int4 pair'' or ''unregistered''), key (bigint keys) or key1/key2 (int4 pairs), granted, pid, application, user, client, state and how long in it, a waiter''s wait time and the pids blocking it, the query. For a session the reader may not see (pg_stat_activity''s rule: neither the privileges of its role nor of pg_read_all_stats), user and application are shown, client, state and state_age are NULL, and the query reads ''<insufficient privilege>''.';
+    'Every advisory lock held or awaited in this database: namespace (registered name, ''flyway'', ''int4 pair'' or ''unregistered''), key (bigint keys) or key1/key2 (int4 pairs), granted, pid, application, user, client, state and how long in it, a waiter''s wait time and the pids blocking it, the query. For a session the reader may not see (pg_stat_activity''s rule: neither the privileges of its role nor of pg_read_all_stats), user and application are shown, client, state and state_age are NULL, and the query reads ''<insufficient privilege>''. A lock of a prepared transaction has no pid and no session; prepared_gid names the transaction (COMMIT PREPARED or ROLLBACK PREPARED it).';
 
 -- The waiters are the sessions of this database with a lock not granted in pg_locks, which every
 -- reader sees (pg_stat_activity's wait_event_type is NULL for another role's session, unless the
@@ -3871,14 +3888,27 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
        CASE WHEN l.locktype OPERATOR(pg_catalog.=) 'advisory' THEN pglockkit._advisory_label(l.objsubid, l.classid, l.objid) END AS namespace,
        l.relation::regclass AS relation,
        pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.waitstart AS wait_time,
-       a.application_name, a.usename AS "user", a.query
+       a.application_name, a.usename AS "user", a.query,
+       -- pg_blocking_pids names a prepared transaction 0: which ones hold what this session wants.
+       CASE WHEN 0 OPERATOR(pg_catalog.=) ANY (w.blocked_by) THEN
+           ARRAY(SELECT DISTINCT g.gid
+                   FROM pg_catalog.pg_locks h,
+                        LATERAL (SELECT pglockkit._prepared_gid(h.virtualtransaction) AS gid) g
+                  WHERE h.pid IS NULL AND h.granted AND g.gid IS NOT NULL
+                    AND (h.locktype, h.database, h.relation, h.page, h.tuple, h.virtualxid, h.transactionid,
+                         h.classid, h.objid, h.objsubid)
+                        IS NOT DISTINCT FROM
+                        (l.locktype, l.database, l.relation, l.page, l.tuple, l.virtualxid, l.transactionid,
+                         l.classid, l.objid, l.objsubid)
+                  ORDER BY g.gid)
+       END AS prepared_blockers
   FROM waiting w
   JOIN pg_catalog.pg_locks l ON l.pid OPERATOR(pg_catalog.=) w.pid AND NOT l.granted
   LEFT JOIN roots r ON r.pid OPERATOR(pg_catalog.=) w.pid
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) w.pid
  WHERE pg_catalog.cardinality(w.blocked_by) OPERATOR(pg_catalog.>) 0;
 COMMENT ON VIEW pglockkit.lock_waits IS
-    'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids).';
+    'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids): prepared_blockers names those that hold the lock the session waits for (their gids; NULL when no blocker is 0).';
 
 CREATE VIEW pglockkit.idle_lock_holders AS
 SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,
@@ -4137,6 +4167,7 @@ COMMENT ON FUNCTION pglockkit._grant_privileges() IS
 
 -- The views call _advisory_label with the reader's privileges: monitoring roles need it too.
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 
 -- A read-only report: monitoring roles may run it too.
 GRANT EXECUTE ON FUNCTION pglockkit.contention_report(interval) TO pg_monitor;
@@ -4177,6 +4208,6 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_prepared_blockers_named');
 
 COMMIT;

@@ -78,6 +78,7 @@ COMMENT ON FUNCTION pglockkit._grant_privileges() IS
 
 -- The views call _advisory_label with the reader's privileges: monitoring roles need it too.
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 
 -- A read-only report: monitoring roles may run it too.
 GRANT EXECUTE ON FUNCTION pglockkit.contention_report(interval) TO pg_monitor;

@@ -380,6 +380,7 @@ ROLES = {  # for the as_role fixture; a role may be in one listed before it
     "vis_app": "pglockkit_user",
     "vis_app_peer": "pglockkit_user, vis_app",
     "vis_stats": "pglockkit_user, pg_read_all_stats",
+    "vis_monitor": "pg_monitor",
 }
 
 
@@ -423,6 +424,7 @@ def test_history_shows_a_reader_only_the_queries_the_live_view_shows_them(db, as
             "vis_app": {hidden, app_q},
             "vis_app_peer": {hidden, app_q},
             "vis_stats": {root_q, app_q},
+            "vis_monitor": {root_q, app_q},  # pg_monitor has pg_read_all_stats
         }
         # The installer (a superuser here) still reads everything.
         assert _queries(db.conn, "SELECT q FROM pglockkit.lock_history, unnest(holder_queries) q") == {
@@ -515,31 +517,63 @@ def test_lock_waits_does_not_label_another_databases_waits_with_this_registry(se
     assert (ns,) not in here, f"a wait in another database shown as a wait on namespace {ns}: {here}"
 
 
-def test_top_and_the_views_survive_a_prepared_transaction_holding_an_advisory_lock(db, ns):
-    """A prepared transaction (two-phase commit, as XA transaction managers use) keeps its
-    transaction-level advisory locks until COMMIT/ROLLBACK PREPARED, with no session: pg_locks
-    shows pid NULL, and pg_blocking_pids names it 0. `pglockkit top`, the live view an operator
-    opens when something holds a lock, must print a frame that says so, not crash."""
-    with db.connect() as conn:
-        conn.execute("BEGIN")
-        conn.execute("SELECT pg_advisory_xact_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,))
-        conn.execute("PREPARE TRANSACTION 'xa-1'")
-        try:
-            rows = db.conn.execute("SELECT namespace, granted, pid FROM pglockkit.advisory_locks").fetchall()
-            assert rows == [(ns, True, None)]
-            waiter, thread = _blocked_waiter(
-                db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,)
-            )
-            waiter_pid = waiter.info.backend_pid
-            out = cli("top", "--once", "--dsn", db.dsn)
-        finally:
-            conn.execute("ROLLBACK PREPARED 'xa-1'")
-        thread.join(5)
-        waiter.close()
-    assert out.returncode == 0, out.stderr[-600:]
-    assert "ADVISORY LOCKS (2)" in out.stdout and ns in out.stdout
-    assert "root: a prepared transaction: 1 session(s) behind" in out.stdout, out.stdout
-    assert f"pid {waiter_pid} waits" in out.stdout and "blocked by a prepared transaction" in out.stdout
+def test_a_prepared_transaction_that_blocks_sessions_is_named_by_the_views_top_and_doctor(db, ns, as_role):
+    """A prepared transaction (two-phase commit, as XA transaction managers use) keeps its locks
+    until COMMIT/ROLLBACK PREPARED, with no session: pg_locks shows pid NULL, and
+    pg_blocking_pids names it 0. Nothing ends it by itself, so the operator must learn which
+    one to finish: advisory_locks names its gid, lock_waits the gids that block each waiter (not
+    a third one that blocks nobody), `top` prints them (it once crashed on the NULL pid) and
+    `doctor` reports them as an error with the statements that end them. A pg_monitor member
+    reads the same."""
+    db.conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text)")
+    db.conn.execute("INSERT INTO orders VALUES (1, 'new'), (2, 'new')")
+    prepared = []
+    waiters = []
+    try:
+        for gid, statement in [
+            ("xa-1", f"SELECT pg_advisory_xact_lock(pglockkit.lock_key('{ns}', 'restock_plan'))"),
+            ("xa-'2'", "UPDATE orders SET state = 'paid' WHERE id = 1"),
+            ("xa-3", "UPDATE orders SET state = 'paid' WHERE id = 2"),  # blocks nobody
+        ]:
+            with db.connect() as conn:
+                conn.execute("BEGIN")
+                conn.execute(statement)
+                conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(gid))
+            prepared.append(gid)
+        rows = db.conn.execute(
+            "SELECT namespace, granted, pid, prepared_gid FROM pglockkit.advisory_locks"
+        ).fetchall()
+        assert rows == [(ns, True, None, "xa-1")]
+        waiters.append(
+            _blocked_waiter(db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'restock_plan'))", (ns,))
+        )
+        waiters.append(_blocked_waiter(db, "UPDATE orders SET state = 'shipped' WHERE id = 1"))
+        pids = [w.info.backend_pid for w, _ in waiters]
+        query = (
+            "SELECT pid, blocked_by, root_blocker, prepared_blockers FROM pglockkit.lock_waits ORDER BY pid"
+        )
+        expected = sorted([(pids[0], [0], 0, ["xa-1"]), (pids[1], [0], 0, ["xa-'2'"])])
+        assert db.conn.execute(query).fetchall() == expected
+        assert as_role("vis_monitor").execute(query).fetchall() == expected
+        top = cli("top", "--once", "--dsn", db.dsn)
+        doctor = cli("doctor", "--dsn", db.dsn)
+    finally:
+        for gid in prepared:
+            db.conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(gid))
+        for conn, thread in waiters:
+            thread.join(5)
+            conn.close()
+    assert top.returncode == 0, top.stderr[-600:]
+    assert "ADVISORY LOCKS (2)" in top.stdout and ns in top.stdout
+    assert "2PC HOLD prepared" in top.stdout and "prepared transaction 'xa-1'" in top.stdout, top.stdout
+    assert "root: prepared transaction 'xa-''2''', 'xa-1': 2 session(s) behind" in top.stdout, top.stdout
+    assert f"pid {pids[0]} waits" in top.stdout
+    assert "(blocked by prepared transaction 'xa-1')" in top.stdout
+    assert f"pid {pids[1]} waits" in top.stdout  # on transactionid: its line is cut at 80 columns
+    assert "xa-3" not in top.stdout
+    finding = "[ERROR] prepared transaction blocks sessions: prepared transaction 'xa-1' holds locks that 1"
+    assert finding in doctor.stdout, doctor.stdout
+    assert "ROLLBACK PREPARED 'xa-''2''';" in doctor.stdout and "xa-3" not in doctor.stdout
 
 
 def test_every_view_with_a_query_hides_another_roles_query_from_a_worker(db, ns, as_role):

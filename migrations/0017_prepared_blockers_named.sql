@@ -1,0 +1,109 @@
+-- pglockkit 0017: a prepared transaction that blocks sessions is named.
+-- * A prepared transaction (two-phase commit) holds its locks with no session: pg_blocking_pids
+--   names it 0, and lock_waits, advisory_locks and `pglockkit top` said only "a prepared
+--   transaction", so an operator could not tell which to COMMIT or ROLLBACK PREPARED.
+--   advisory_locks gets prepared_gid (the gid of a lock held by a prepared transaction) and
+--   lock_waits prepared_blockers (the gids of those holding what the session waits for), both
+--   new columns at the end.
+
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- A prepared transaction holds its locks with no session (pid NULL); its locks share a
+-- virtualtransaction with the lock it holds on its own xid, which pg_prepared_xacts names (0017).
+CREATE FUNCTION pglockkit._prepared_gid(virtualtransaction text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.gid
+      FROM pg_catalog.pg_locks x
+      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
+     WHERE x.pid IS NULL AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
+       AND x.virtualtransaction OPERATOR(pg_catalog.=) _prepared_gid.virtualtransaction
+     LIMIT 1
+$$;
+COMMENT ON FUNCTION pglockkit._prepared_gid(text) IS
+    'Private: the gid of the prepared transaction whose locks pg_locks lists under this virtualtransaction (NULL if none).';
+
+CREATE OR REPLACE VIEW pglockkit.advisory_locks AS
+SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
+            WHEN l.classid::int8 OPERATOR(pg_catalog.=) 0 AND l.objid::int8 OPERATOR(pg_catalog.=) 72707369 THEN 'flyway'
+            ELSE coalesce(n.name, 'unregistered') END AS namespace,
+       CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 1
+            THEN (l.classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) l.objid::int8 END AS key,
+       CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2
+            THEN (l.classid::int8 OPERATOR(pg_catalog.-) CASE WHEN l.classid::int8 OPERATOR(pg_catalog.>) 2147483647 THEN 4294967296 ELSE 0 END)::int4 END AS key1,
+       CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2
+            THEN (l.objid::int8 OPERATOR(pg_catalog.-) CASE WHEN l.objid::int8 OPERATOR(pg_catalog.>) 2147483647 THEN 4294967296 ELSE 0 END)::int4 END AS key2,
+       l.granted, l.mode, l.pid,
+       a.application_name, a.usename AS "user", a.client_addr, a.state,
+       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) a.state_change AS state_age,
+       CASE WHEN NOT l.granted THEN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.waitstart END AS wait_time,
+       CASE WHEN NOT l.granted THEN pg_catalog.pg_blocking_pids(l.pid) END AS blocked_by,
+       a.query,
+       CASE WHEN l.pid IS NULL THEN pglockkit._prepared_gid(l.virtualtransaction) END AS prepared_gid
+  FROM pg_catalog.pg_locks l
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+  -- The namespace of a positive bigint key is its top 16 bits: classid >> 16 (key >> 48).
+  LEFT JOIN pglockkit.namespaces n
+         ON l.objsubid OPERATOR(pg_catalog.=) 1
+        AND ((l.classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) l.objid::int8) OPERATOR(pg_catalog.>) 0
+        AND n.id OPERATOR(pg_catalog.=) (l.classid::int8 OPERATOR(pg_catalog.>>) 16)::int4
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+COMMENT ON VIEW pglockkit.advisory_locks IS
+    'Every advisory lock held or awaited in this database: namespace (registered name, ''flyway'', ''int4 pair'' or ''unregistered''), key (bigint keys) or key1/key2 (int4 pairs), granted, pid, application, user, client, state and how long in it, a waiter''s wait time and the pids blocking it, the query. For a session the reader may not see (pg_stat_activity''s rule: neither the privileges of its role nor of pg_read_all_stats), user and application are shown, client, state and state_age are NULL, and the query reads ''<insufficient privilege>''. A lock of a prepared transaction has no pid and no session; prepared_gid names the transaction (COMMIT PREPARED or ROLLBACK PREPARED it).';
+
+CREATE OR REPLACE VIEW pglockkit.lock_waits AS
+WITH RECURSIVE waiting AS (
+    SELECT a.pid, pg_catalog.pg_blocking_pids(a.pid) AS blocked_by
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND EXISTS (SELECT FROM pg_catalog.pg_locks l
+                    WHERE l.pid OPERATOR(pg_catalog.=) a.pid AND NOT l.granted)
+), up (pid, blocker, depth) AS (
+    SELECT w.pid, b.blocker, 1 FROM waiting w, pg_catalog.unnest(w.blocked_by) AS b(blocker)
+    UNION
+    SELECT u.pid, b.blocker, u.depth OPERATOR(pg_catalog.+) 1
+      FROM up u JOIN waiting w ON w.pid OPERATOR(pg_catalog.=) u.blocker, pg_catalog.unnest(w.blocked_by) AS b(blocker)
+     WHERE u.depth OPERATOR(pg_catalog.<) 100
+), roots AS (
+    -- The blockers at the top of each chain: not waiting themselves.
+    SELECT u.pid, pg_catalog.min(u.blocker) AS root
+      FROM up u
+     WHERE NOT EXISTS (SELECT FROM waiting w WHERE w.pid OPERATOR(pg_catalog.=) u.blocker
+                                                AND pg_catalog.cardinality(w.blocked_by) OPERATOR(pg_catalog.>) 0)
+     GROUP BY u.pid
+)
+SELECT w.pid, w.blocked_by, r.root AS root_blocker,
+       (SELECT pg_catalog.count(*) FROM roots r2 WHERE r2.root OPERATOR(pg_catalog.=) r.root) AS sessions_behind_root,
+       l.locktype, l.mode,
+       CASE WHEN l.locktype OPERATOR(pg_catalog.=) 'advisory' THEN pglockkit._advisory_label(l.objsubid, l.classid, l.objid) END AS namespace,
+       l.relation::regclass AS relation,
+       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) l.waitstart AS wait_time,
+       a.application_name, a.usename AS "user", a.query,
+       -- pg_blocking_pids names a prepared transaction 0: which ones hold what this session wants.
+       CASE WHEN 0 OPERATOR(pg_catalog.=) ANY (w.blocked_by) THEN
+           ARRAY(SELECT DISTINCT g.gid
+                   FROM pg_catalog.pg_locks h,
+                        LATERAL (SELECT pglockkit._prepared_gid(h.virtualtransaction) AS gid) g
+                  WHERE h.pid IS NULL AND h.granted AND g.gid IS NOT NULL
+                    AND (h.locktype, h.database, h.relation, h.page, h.tuple, h.virtualxid, h.transactionid,
+                         h.classid, h.objid, h.objsubid)
+                        IS NOT DISTINCT FROM
+                        (l.locktype, l.database, l.relation, l.page, l.tuple, l.virtualxid, l.transactionid,
+                         l.classid, l.objid, l.objsubid)
+                  ORDER BY g.gid)
+       END AS prepared_blockers
+  FROM waiting w
+  JOIN pg_catalog.pg_locks l ON l.pid OPERATOR(pg_catalog.=) w.pid AND NOT l.granted
+  LEFT JOIN roots r ON r.pid OPERATOR(pg_catalog.=) w.pid
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) w.pid
+ WHERE pg_catalog.cardinality(w.blocked_by) OPERATOR(pg_catalog.>) 0;
+COMMENT ON VIEW pglockkit.lock_waits IS
+    'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids): prepared_blockers names those that hold the lock the session waits for (their gids; NULL when no blocker is 0).';
+
+GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+
+SELECT pglockkit._grant_privileges();
