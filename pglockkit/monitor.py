@@ -65,7 +65,7 @@ def doctor(
 # --- what the checks read -------------------------------------------------------------------
 
 IDLE_LOCK_HOLDERS = (
-    "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for "
+    "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for, dedicated "
     "FROM pglockkit.idle_lock_holders ORDER BY idle_for DESC"
 )
 UNREGISTERED_KEYS = (
@@ -102,12 +102,28 @@ PREPARED_BLOCKERS = (
 
 def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Finding]:
     """Sessions holding an advisory lock while idle at least ``idle_after`` (rows of
-    ``pglockkit.idle_lock_holders``)."""
+    ``pglockkit.idle_lock_holders``): a warning, or for a connection a pglockkit client dedicated
+    to the lock (``dedicated``), a note."""
     findings = []
     for r in rows:
         if r["idle_for"] is None or r["idle_for"] < idle_after:
             continue
         key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+        if r["dedicated"]:
+            # sole_writer, run_once, `once`, a session-bound Lease: idle by design while the block
+            # runs. Ending the session would free the lock mid-run (a second replica runs it).
+            findings.append(
+                Finding(
+                    "info",
+                    "dedicated lock holder",
+                    f"pid {r['pid']} ({r['application_name']}) holds advisory lock {r['namespace']}/{key} "
+                    f"for its caller's block, idle by design for {fmt.age(r['idle_for'])}",
+                    "Nothing to do while that block runs (do not end the session: the lock would be free "
+                    "mid-run). If its process is gone, the server frees the lock once the connection's "
+                    "keepalives give up.",
+                )
+            )
+            continue
         findings.append(
             Finding(
                 "warning",

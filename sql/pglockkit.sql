@@ -1295,7 +1295,7 @@ CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS big
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
-        'lease-session:' OPERATOR(pg_catalog.||) pid::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
+        'lease-session:' OPERATOR(pg_catalog.||) pid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
 $$;
 COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
     'Private: the advisory key (namespace pglockkit, resource lease-session:<pid>:<name>) that backend pid keeps locked while it holds the session-bound lease on name. Inlined; fully qualified.';
@@ -1379,11 +1379,11 @@ CREATE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
-        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::text OPERATOR(pg_catalog.||) ':'
+        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::pg_catalog.text OPERATOR(pg_catalog.||) ':'
                OPERATOR(pg_catalog.||) job OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) slot)
 $$;
 COMMENT ON FUNCTION pglockkit._run_key(text, text) IS
-    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined; fully qualified.';
+    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined, its text parsed in the caller''s context (run_history''s reader''s): every name in it, types included, is qualified.';
 
 CREATE FUNCTION pglockkit.start_run(job text, slot text, holder text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3910,13 +3910,17 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
 COMMENT ON VIEW pglockkit.lock_waits IS
     'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids): prepared_blockers names those that hold the lock the session waits for (their gids; NULL when no blocker is 0).';
 
+-- dedicated: the connections pglockkit's clients open to hold one session lock while the caller's
+-- block runs (sole_writer, run_once and `pglockkit once`, a session-bound Lease) idle by design;
+-- they are known by the application_name those clients give them (0017).
 CREATE VIEW pglockkit.idle_lock_holders AS
 SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,
-       al.state, al.state_age AS idle_for, al.query AS last_query
+       al.state, al.state_age AS idle_for, al.query AS last_query,
+       coalesce(al.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
   FROM pglockkit.advisory_locks al
  WHERE al.granted AND al.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)');
 COMMENT ON VIEW pglockkit.idle_lock_holders IS
-    'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for.';
+    'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for. dedicated: a connection that a pglockkit client (sole_writer, run_once, pglockkit once, a session-bound Lease) opened to hold the lock while its block runs, known by the application_name it gave (pglockkit sole_writer ..., pglockkit run ..., pglockkit lease ...): idle by design, not a leak.';
 
 CREATE VIEW pglockkit.namespace_stats AS
 SELECT al.namespace,
@@ -4167,7 +4171,6 @@ COMMENT ON FUNCTION pglockkit._grant_privileges() IS
 
 -- The views call _advisory_label with the reader's privileges: monitoring roles need it too.
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) TO pg_monitor;
-GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 
 -- A read-only report: monitoring roles may run it too.
 GRANT EXECUTE ON FUNCTION pglockkit.contention_report(interval) TO pg_monitor;
@@ -4204,10 +4207,17 @@ COMMENT ON FUNCTION pglockkit._admin_only(name) IS
 
 DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 
+-- More that the views call with the reader's privileges (0017): lock_waits and advisory_locks
+-- _prepared_gid; run_history _advisory_held, and _run_key with what its body calls. Granted after
+-- pglockkit_user's grants, in the order the migrations grant them.
+GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
+    pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
+
 -- ==== bookkeeping for `pglockkit install` ====
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_prepared_blockers_named');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees');
 
 COMMIT;

@@ -431,7 +431,7 @@ CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS big
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
-        'lease-session:' OPERATOR(pg_catalog.||) pid::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
+        'lease-session:' OPERATOR(pg_catalog.||) pid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
 $$;
 COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
     'Private: the advisory key (namespace pglockkit, resource lease-session:<pid>:<name>) that backend pid keeps locked while it holds the session-bound lease on name. Inlined; fully qualified.';

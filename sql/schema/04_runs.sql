@@ -25,11 +25,11 @@ CREATE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
-        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::text OPERATOR(pg_catalog.||) ':'
+        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::pg_catalog.text OPERATOR(pg_catalog.||) ':'
                OPERATOR(pg_catalog.||) job OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) slot)
 $$;
 COMMENT ON FUNCTION pglockkit._run_key(text, text) IS
-    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined; fully qualified.';
+    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined, its text parsed in the caller''s context (run_history''s reader''s): every name in it, types included, is qualified.';
 
 CREATE FUNCTION pglockkit.start_run(job text, slot text, holder text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

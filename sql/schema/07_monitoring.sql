@@ -118,13 +118,17 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
 COMMENT ON VIEW pglockkit.lock_waits IS
     'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids): prepared_blockers names those that hold the lock the session waits for (their gids; NULL when no blocker is 0).';
 
+-- dedicated: the connections pglockkit's clients open to hold one session lock while the caller's
+-- block runs (sole_writer, run_once and `pglockkit once`, a session-bound Lease) idle by design;
+-- they are known by the application_name those clients give them (0017).
 CREATE VIEW pglockkit.idle_lock_holders AS
 SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,
-       al.state, al.state_age AS idle_for, al.query AS last_query
+       al.state, al.state_age AS idle_for, al.query AS last_query,
+       coalesce(al.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
   FROM pglockkit.advisory_locks al
  WHERE al.granted AND al.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)');
 COMMENT ON VIEW pglockkit.idle_lock_holders IS
-    'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for.';
+    'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for. dedicated: a connection that a pglockkit client (sole_writer, run_once, pglockkit once, a session-bound Lease) opened to hold the lock while its block runs, known by the application_name it gave (pglockkit sole_writer ..., pglockkit run ..., pglockkit lease ...): idle by design, not a leak.';
 
 CREATE VIEW pglockkit.namespace_stats AS
 SELECT al.namespace,

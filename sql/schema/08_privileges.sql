@@ -78,7 +78,6 @@ COMMENT ON FUNCTION pglockkit._grant_privileges() IS
 
 -- The views call _advisory_label with the reader's privileges: monitoring roles need it too.
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) TO pg_monitor;
-GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 
 -- A read-only report: monitoring roles may run it too.
 GRANT EXECUTE ON FUNCTION pglockkit.contention_report(interval) TO pg_monitor;
@@ -114,3 +113,10 @@ COMMENT ON FUNCTION pglockkit._admin_only(name) IS
     'Private: true for the functions only pglockkit_admin may execute (they change what every worker works with or may store, or delete history).';
 
 DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
+
+-- More that the views call with the reader's privileges (0017): lock_waits and advisory_locks
+-- _prepared_gid; run_history _advisory_held, and _run_key with what its body calls. Granted after
+-- pglockkit_user's grants, in the order the migrations grant them.
+GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
+    pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;

@@ -487,6 +487,22 @@ def test_search_path_hijack_does_not_reach_the_inlined_lock_calls(db):
         assert one(db.conn, "SELECT pglockkit.try_lock('billing', 'invoice:7')") is False
 
 
+def test_search_path_hijack_does_not_reach_the_inlined_run_key_of_run_history(db):
+    """run_history calls _run_key, an inlined LANGUAGE sql function without BEGIN ATOMIC: its body
+    is parsed under the reader's search_path. Its comment says "Inlined; fully qualified", but it
+    casts with an unqualified `::text`: a type `text` of the reader's schema before pg_catalog (a
+    domain over varchar(1)) changes the key for a job name of 10 characters or more, and a run
+    whose starter is alive and holds its slot reads 'abandoned'."""
+    run = db.conn.execute("SELECT pglockkit.start_run('nightly-report', '2026-01-01', 'pod-a')").fetchone()[0]
+    with db.connect() as reader:
+        status = "SELECT status FROM pglockkit.run_history WHERE id = %s"
+        assert reader.execute(status, (run,)).fetchone()[0] == "running"
+        reader.execute("CREATE SCHEMA evil")
+        reader.execute("CREATE DOMAIN evil.text AS varchar(1)")
+        reader.execute("SET search_path = evil, pg_catalog, public")
+        assert reader.execute(status, (run,)).fetchone()[0] == "running"
+
+
 @pytest.mark.parametrize("upto", ALL[:-1])
 def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, upto):
     """Jobs (claimed, keyed, rate-limited, in a paused queue), leases (bound and not), runs and

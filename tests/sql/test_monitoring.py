@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -12,7 +13,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from scenarios import cli
 
-from pglockkit import lock_key, namespace_id
+import pglockkit
+from pglockkit import lock_key, monitor, namespace_id
 
 
 def _wait_until(predicate, timeout=5.0):
@@ -623,3 +625,72 @@ def test_every_view_with_a_query_hides_another_roles_query_from_a_worker(db, ns,
         "idle_lock_holders": [],
     }
     assert all(rows and "secret" in rows[0][0] for rows in seen_by_peer.values()), seen_by_peer
+
+
+def test_a_pg_monitor_role_reads_every_view(server, db):
+    """docs/install.md: "pg_monitor may read the registry and the views"; docs/monitoring.md: a
+    role with only pg_monitor "can read every view". run_history calls _advisory_held (and
+    _run_key) with its reader's rights, and pg_monitor may not execute them: `pglockkit runs` as
+    the exporter's role fails with 42501 permission denied for function _advisory_held."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS mon_views")
+        admin.execute("CREATE ROLE mon_views LOGIN IN ROLE pg_monitor")
+    run = db.conn.execute("SELECT pglockkit.start_run('nightly', '2026-01-01', 'pod-a')").fetchone()[0]
+    try:
+        db.conn.execute("SELECT pglockkit.acquire_lease('refresh', 'pod-a', '1 minute')")
+        db.conn.execute("SELECT pglockkit.enqueue_job('q')")
+        views = [
+            r[0]
+            for r in db.conn.execute(
+                "SELECT c.relname FROM pg_class c"
+                " WHERE c.relnamespace = 'pglockkit'::regnamespace AND c.relkind = 'v' ORDER BY 1"
+            )
+        ]
+        assert "run_history" in views
+        failed = {}
+        with psycopg.connect(make_conninfo(db.dsn, user="mon_views"), autocommit=True) as conn:
+            for view in views:
+                try:
+                    conn.execute(f"SELECT * FROM pglockkit.{view}").fetchall()
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    failed[view] = str(exc).splitlines()[0]
+            assert failed == {}
+            assert conn.execute(
+                "SELECT status FROM pglockkit.run_history WHERE id = %s", (run,)
+            ).fetchone() == ("running",)
+        out = cli("runs", "--dsn", make_conninfo(db.dsn, user="mon_views"))
+        assert out.returncode == 0 and "nightly" in out.stdout, out.stderr
+    finally:
+        db.conn.execute("SELECT pglockkit.finish_run(%s, true)", (run,))
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute("DROP ROLE mon_views")
+
+
+def test_doctor_does_not_call_a_live_sole_writer_run_once_or_lease_a_leaked_pool_lock(db, ns):
+    """sole_writer, run_once and a session-bound Lease hold their session lock on an idle, direct
+    connection for the whole block, by design. doctor reported each as "a session lock left on a
+    pooled connection?" and proposed pg_terminate_backend of it, which would free the lock mid-run
+    and let a second replica run the tick; the exporter's idle-holder gauge (and with it the
+    PglockkitIdleLockHolder alert) counted them the same way, for every nightly job longer than a
+    minute. They are a note, flagged `dedicated` in idle_lock_holders; a leak still warns."""
+    with (
+        pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine,
+        pglockkit.run_once(db.dsn, "nightly") as run,
+        pglockkit.Lease(db.dsn, "refresh", ttl=30, bind_session=True) as lease,
+        db.connect() as leaker,
+    ):
+        assert mine and run is not None and lease.acquired
+        leaker.execute("SELECT pglockkit.try_lock(%s, 'leaked')", (ns,))  # then idles: a leak
+        time.sleep(1.5)  # the block, longer than idle_after
+        findings = monitor.doctor(db.conn, idle_after=timedelta(seconds=1))
+        flags = db.conn.execute(
+            "SELECT application_name, dedicated FROM pglockkit.idle_lock_holders ORDER BY 1"
+        ).fetchall()
+    leaks = [f for f in findings if f.check == "idle lock holder"]
+    key = lock_key(namespace_id(ns), "leaked")
+    assert len(leaks) == 1 and f"holds advisory lock {ns}/{key} while idle" in leaks[0].message, leaks
+    notes = [f.message.split(" holds ")[0] for f in findings if f.check == "dedicated lock holder"]
+    assert sorted(n.split(" (", 1)[1] for n in notes) == sorted(
+        ["pglockkit sole_writer " + ns + ")", "pglockkit run nightly)", "pglockkit lease refresh)"]
+    ), notes
+    assert sorted(d for _, d in flags) == [False, True, True, True], flags

@@ -188,3 +188,26 @@ def test_key_by_namespace_id_rejects_bad_input(db, ns_id, resource, sqlstate, me
         ).fetchone()[0]
         == 2
     )
+
+
+def test_an_integer_id_sent_untyped_locks_the_text_key_and_cast_locks_the_integer_one(db):
+    """docs/locks.md: node-postgres, PHP's pg_query_params, Ruby's pg and any libpq client that
+    passes no parameter types send every parameter untyped (oid 0), and the server resolves
+    ``try_lock('orders', $1)`` to the text overload: the lock of '42', not of the integer 42 that
+    a Python worker (psycopg sends an int typed) or psql takes. ``$1::bigint`` locks the same key
+    as the typed integer, so the two exclude each other."""
+    db.conn.execute("SELECT pglockkit.register_namespace('orders')")
+    with db.connect() as python_worker, db.connect() as node_worker:
+        assert python_worker.execute("SELECT pglockkit.try_lock('orders', %s)", (42,)).fetchone()[0]
+
+        def untyped(query: bytes) -> bytes:
+            res = node_worker.pgconn.exec_params(query, [b"orders", b"42"])  # paramTypes NULL
+            assert res.status == psycopg.pq.ExecStatus.TUPLES_OK, res.error_message
+            return res.get_value(0, 0)
+
+        assert (
+            untyped(b"SELECT pglockkit.lock_key($1, $2)")
+            == str(lock_key(namespace_id("orders"), "42")).encode()
+        )
+        assert untyped(b"SELECT pglockkit.try_lock($1, $2::bigint)") == b"f"  # the Python worker holds it
+        assert untyped(b"SELECT pglockkit.try_lock($1, $2)") == b"t"  # '42': another lock

@@ -27,6 +27,7 @@ def idle(pid: int, seconds: float, key: int | None = 42) -> dict:
         "application_name": "",
         "state": "idle",
         "idle_for": timedelta(seconds=seconds),
+        "dedicated": False,
     }
 
 
@@ -41,6 +42,17 @@ def test_idle_lock_holders_from_the_threshold_on():
     [pair] = check_idle_lock_holders([idle(9, 60, key=None)], timedelta(seconds=30))
     assert "billing/(1, 2) " in pair.message
     assert check_idle_lock_holders([{**idle(5, 0), "idle_for": None}], timedelta(0)) == []
+    # A connection a pglockkit client holds the lock on while its block runs: a note, never the
+    # advice to end it (that would free the lock mid-run).
+    [note] = check_idle_lock_holders(
+        [{**idle(6, 90), "dedicated": True, "application_name": "pglockkit run nightly"}],
+        timedelta(seconds=30),
+    )
+    assert (note.severity, note.check) == ("info", "dedicated lock holder")
+    assert note.message.startswith(
+        "pid 6 (pglockkit run nightly) holds advisory lock billing/42 for its caller"
+    )
+    assert "pg_terminate_backend" not in note.fix
 
 
 def test_lock_table_headroom_is_a_finding_past_half():

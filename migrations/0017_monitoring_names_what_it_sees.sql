@@ -1,10 +1,18 @@
--- pglockkit 0017: a prepared transaction that blocks sessions is named.
+-- pglockkit 0017: monitoring that names what it sees, and what pg_monitor may read.
 -- * A prepared transaction (two-phase commit) holds its locks with no session: pg_blocking_pids
 --   names it 0, and lock_waits, advisory_locks and `pglockkit top` said only "a prepared
 --   transaction", so an operator could not tell which to COMMIT or ROLLBACK PREPARED.
 --   advisory_locks gets prepared_gid (the gid of a lock held by a prepared transaction) and
---   lock_waits prepared_blockers (the gids of those holding what the session waits for), both
---   new columns at the end.
+--   lock_waits prepared_blockers (the gids of those holding what the session waits for).
+-- * idle_lock_holders gets dedicated: the connections sole_writer, run_once, `pglockkit once`
+--   and a session-bound Lease hold their lock on are idle by design, and doctor called each a
+--   pool leak (and advised ending it, which frees the lock mid-run); the exporter counted them.
+--   The new columns come last.
+-- * run_history calls _advisory_held and _run_key with its reader's rights: a pg_monitor role
+--   could not read it (42501). pg_monitor may execute them and what _run_key calls.
+-- * _run_key and _lease_session_key, inlined with their text parsed in the caller's context,
+--   cast to an unqualified text: a reader's type "text" earlier on its search_path changed the
+--   key (run_history showed a live run as abandoned). The casts are qualified.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -104,6 +112,35 @@ SELECT w.pid, w.blocked_by, r.root AS root_blocker,
 COMMENT ON VIEW pglockkit.lock_waits IS
     'Every session of this database waiting on a lock of any type: its blockers, the root blocker of its chain (a session that is not itself waiting) and how many sessions wait behind that root, the lock (namespace for advisory locks, relation otherwise), and how long it has waited. A blocker 0 is a prepared transaction (pg_blocking_pids): prepared_blockers names those that hold the lock the session waits for (their gids; NULL when no blocker is 0).';
 
+CREATE OR REPLACE VIEW pglockkit.idle_lock_holders AS
+SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."user", al.client_addr,
+       al.state, al.state_age AS idle_for, al.query AS last_query,
+       coalesce(al.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
+  FROM pglockkit.advisory_locks al
+ WHERE al.granted AND al.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)');
+COMMENT ON VIEW pglockkit.idle_lock_holders IS
+    'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for. dedicated: a connection that a pglockkit client (sole_writer, run_once, pglockkit once, a session-bound Lease) opened to hold the lock while its block runs, known by the application_name it gave (pglockkit sole_writer ..., pglockkit run ..., pglockkit lease ...): idle by design, not a leak.';
+
+CREATE OR REPLACE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
+        'run:' OPERATOR(pg_catalog.||) pg_catalog.length(job)::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+               OPERATOR(pg_catalog.||) job OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) slot)
+$$;
+COMMENT ON FUNCTION pglockkit._run_key(text, text) IS
+    'Private: the advisory key (namespace pglockkit, resource run:<len(job)>:<job>:<slot>) that a run''s starter holds while it runs. Inlined, its text parsed in the caller''s context (run_history''s reader''s): every name in it, types included, is qualified.';
+
+CREATE OR REPLACE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'),
+        'lease-session:' OPERATOR(pg_catalog.||) pid::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) name)
+$$;
+-- pg_monitor's grants after pglockkit_user's, as a fresh install orders them.
+SELECT pglockkit._grant_privileges();
 GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
+    pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
 
 SELECT pglockkit._grant_privileges();
