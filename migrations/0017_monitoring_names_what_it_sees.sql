@@ -13,6 +13,10 @@
 -- * _run_key and _lease_session_key, inlined with their text parsed in the caller's context,
 --   cast to an unqualified text: a reader's type "text" earlier on its search_path changed the
 --   key (run_history showed a live run as abandoned). The casts are qualified.
+-- * lock_holds: how long each advisory lock has been held, kept by sample() in lock_sightings.
+--   A lock's hold time was its holder's state age, which restarts at each transaction: a session
+--   lock leaked on a busy pooled server session never showed (seed: alert on locks held longer
+--   than expected).
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -120,6 +124,105 @@ SELECT al.namespace, al.key, al.key1, al.key2, al.pid, al.application_name, al."
  WHERE al.granted AND al.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)');
 COMMENT ON VIEW pglockkit.idle_lock_holders IS
     'Advisory locks held by sessions that are idle or idle in transaction, with how long they have idled: the leak of a session lock returned to a pool with its connection. No minimum idle time here: filter on idle_for. dedicated: a connection that a pglockkit client (sole_writer, run_once, pglockkit once, a session-bound Lease) opened to hold the lock while its block runs, known by the application_name it gave (pglockkit sole_writer ..., pglockkit run ..., pglockkit lease ...): idle by design, not a leak.';
+
+-- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
+-- each of its transactions (a session lock leaked on a busy pooled server session never looks
+-- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
+-- held; a lock no longer held at a sample is forgotten (0017).
+CREATE TABLE pglockkit.lock_sightings (
+    pid           integer     NOT NULL,
+    backend_start timestamptz NOT NULL,
+    namespace     text        NOT NULL,
+    key           bigint,
+    key1          integer,
+    key2          integer,
+    first_seen    timestamptz NOT NULL,
+    last_seen     timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.lock_sightings IS
+    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
+CREATE INDEX lock_sightings_pid ON pglockkit.lock_sightings (pid);
+
+CREATE VIEW pglockkit.lock_holds AS
+SELECT s.namespace, s.key, s.key1, s.key2, s.pid, a.application_name, a.usename AS "user", a.state,
+       s.first_seen AS held_since, s.last_seen,
+       s.last_seen OPERATOR(pg_catalog.-) s.first_seen AS held_for,
+       coalesce(a.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
+  FROM pglockkit.lock_sightings s
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) s.pid;
+COMMENT ON VIEW pglockkit.lock_holds IS
+    'How long each advisory lock held at the last sample() had been held by its session: held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). Empty unless sample() runs. dedicated: as in idle_lock_holders.';
+
+CREATE OR REPLACE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now  timestamptz := pg_catalog.clock_timestamp();
+    v_rows integer;
+BEGIN
+    IF retention IS NULL THEN
+        RAISE EXCEPTION 'retention must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF retention OPERATOR(pg_catalog.<) interval '0' THEN
+        RAISE EXCEPTION 'retention must not be negative, got %', retention USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One row per (key, query, role) pair is kept as "first" so that the two aggregates below
+    -- list each pair once, in the same order: holder_queries[i] was run by holder_roles[i].
+    -- pg_stat_activity is one snapshot per transaction: the view and the join agree on each pid.
+    INSERT INTO pglockkit.lock_samples (sampled_at, namespace, key, key1, key2, holders, waiters, longest_wait,
+                                        holder_queries, holder_roles)
+    SELECT v_now, h.namespace, h.key, h.key1, h.key2,
+           pg_catalog.count(*) FILTER (WHERE h.granted), pg_catalog.count(*) FILTER (WHERE NOT h.granted),
+           pg_catalog.max(h.wait_time),
+           pg_catalog.array_agg(h.query ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first),
+           pg_catalog.array_agg(h.role ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first)
+      FROM (SELECT al.namespace, al.key, al.key1, al.key2, al.granted, al.wait_time, x.query, a.usesysid AS role,
+                   pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
+                       OPERATOR(pg_catalog.=) 1 AS first
+              FROM pglockkit.advisory_locks al
+              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+              CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
+     GROUP BY h.namespace, h.key, h.key1, h.key2;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- Hold times (0017). Samplers take turns, so that two never add the same sighting.
+    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
+    WITH held AS (
+        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
+               al.namespace, al.key, al.key1, al.key2
+          FROM pglockkit.advisory_locks al
+          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+         WHERE al.granted AND al.pid IS NOT NULL
+           AND al.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()  -- not the turn taken above
+    ), gone AS (
+        DELETE FROM pglockkit.lock_sightings s
+         WHERE NOT EXISTS (SELECT FROM held h
+                            WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                              AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+                              AND h.key2 IS NOT DISTINCT FROM s.key2)
+    ), still AS (
+        UPDATE pglockkit.lock_sightings s SET last_seen = v_now
+          FROM held h
+         WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+           AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+           AND h.key2 IS NOT DISTINCT FROM s.key2
+    )
+    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
+    SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, v_now, v_now
+      FROM held h
+     WHERE NOT EXISTS (SELECT FROM pglockkit.lock_sightings s
+                        WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                          AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+                          AND h.key2 IS NOT DISTINCT FROM s.key2);
+    INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
+    SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
+    DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
+    DELETE FROM pglockkit.queue_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
+    RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.sample(interval) IS
+    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
 
 CREATE OR REPLACE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE

@@ -433,7 +433,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
-        findings = monitor.doctor(conn, idle_after=args.idle_after, lag_after=args.lag_after)
+        findings = monitor.doctor(
+            conn, idle_after=args.idle_after, lag_after=args.lag_after, held_after=args.held_after
+        )
     print(monitor.render_findings(findings))
     threshold = monitor.SEVERITIES.index(args.fail_on)
     return 1 if any(f.rank() >= threshold for f in findings) else 0
@@ -893,6 +895,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=timedelta(seconds=30),
         metavar="DURATION",
         help="report advisory locks held by sessions idle at least this long (default 30s)",
+    )
+    p.add_argument(
+        "--held-after",
+        type=_duration,
+        default=timedelta(minutes=10),
+        metavar="DURATION",
+        help="report advisory locks that sample() has seen held this long, busy or idle (default 10m; "
+        "needs `pglockkit sample --every` or pg_cron calling pglockkit.sample())",
     )
     p.add_argument(
         "--lag-after",

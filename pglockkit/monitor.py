@@ -44,12 +44,14 @@ def doctor(
     *,
     idle_after: timedelta = timedelta(seconds=30),
     lag_after: timedelta = timedelta(minutes=5),
+    held_after: timedelta = timedelta(minutes=10),
 ) -> list[Finding]:
     """Check a database for lock, queue and pooler hazards; returns findings, most severe first.
 
     Reads the views once, then runs the checks below in this order, each on the rows it needs."""
     findings = [
         *check_idle_lock_holders(_rows(conn, IDLE_LOCK_HOLDERS), idle_after),
+        *check_long_holds(_rows(conn, LOCK_HOLDS), held_after, idle_after),
         *check_unregistered_keys(_rows(conn, UNREGISTERED_KEYS)),
         *check_lock_table_headroom(_rows(conn, LOCK_TABLE)[0]),
         *check_queues(_rows(conn, QUEUES), lag_after),
@@ -67,6 +69,13 @@ def doctor(
 IDLE_LOCK_HOLDERS = (
     "SELECT namespace, key, key1, key2, pid, application_name, state, idle_for, dedicated "
     "FROM pglockkit.idle_lock_holders ORDER BY idle_for DESC"
+)
+LOCK_HOLDS = (
+    "SELECT h.namespace, h.key, h.key1, h.key2, h.pid, h.application_name, h.state, h.held_since, "
+    "h.held_for, h.dedicated, i.idle_for FROM pglockkit.lock_holds h "
+    "LEFT JOIN pglockkit.idle_lock_holders i ON i.pid = h.pid AND i.namespace = h.namespace "
+    "AND i.key IS NOT DISTINCT FROM h.key AND i.key1 IS NOT DISTINCT FROM h.key1 "
+    "AND i.key2 IS NOT DISTINCT FROM h.key2 ORDER BY h.held_for DESC"
 )
 UNREGISTERED_KEYS = (
     "SELECT count(*) AS n, array_agg(DISTINCT pid) AS pids FROM pglockkit.advisory_locks "
@@ -133,6 +142,34 @@ def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Fin
                 "a session lock left on a pooled connection?",
                 "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
                 f"end the session: SELECT pg_terminate_backend({r['pid']});",
+            )
+        )
+    return findings
+
+
+def check_long_holds(rows: list[dict], held_after: timedelta, idle_after: timedelta) -> list[Finding]:
+    """Advisory locks that sample() has seen held at least ``held_after`` by one session (rows of
+    ``pglockkit.lock_holds`` with the holder's ``idle_for`` if it idles now). On a busy pool a
+    session lock leaked on a server session never idles long: only its hold time shows it. Not
+    the connections pglockkit's clients dedicate to a lock, nor a holder the idle check reports."""
+    findings = []
+    for r in rows:
+        if r["dedicated"] or r["held_for"] is None or r["held_for"] < held_after:
+            continue
+        if r["idle_for"] is not None and r["idle_for"] >= idle_after:
+            continue  # an idle lock holder: reported as such
+        key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+        who = f"pid {r['pid']} ({r['application_name'] or '?'})"
+        findings.append(
+            Finding(
+                "warning",
+                "long-held lock",
+                f"{who} has held advisory lock {r['namespace']}/{key} "
+                f"for at least {fmt.age(r['held_for'])} (seen by sample() since {r['held_since']:%H:%M:%S}), "
+                f"now {r['state'] or 'in a state hidden from you'}: a stuck job, or a session lock left on a "
+                "busy pooled connection?",
+                "Find where it was taken (pglockkit.lock_holds, advisory_locks' query); release it there "
+                f"(pglockkit.unlock), or end the session: SELECT pg_terminate_backend({r['pid']});",
             )
         )
     return findings

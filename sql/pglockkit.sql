@@ -3997,6 +3997,24 @@ COMMENT ON TABLE pglockkit.queue_samples IS 'Queue depth and lag per sample() ca
 
 CREATE INDEX queue_samples_time ON pglockkit.queue_samples (sampled_at);
 
+-- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
+-- each of its transactions (a session lock leaked on a busy pooled server session never looks
+-- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
+-- held; a lock no longer held at a sample is forgotten (0017).
+CREATE TABLE pglockkit.lock_sightings (
+    pid           integer     NOT NULL,
+    backend_start timestamptz NOT NULL,
+    namespace     text        NOT NULL,
+    key           bigint,
+    key1          integer,
+    key2          integer,
+    first_seen    timestamptz NOT NULL,
+    last_seen     timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.lock_sightings IS
+    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
+CREATE INDEX lock_sightings_pid ON pglockkit.lock_sightings (pid);
+
 -- Readers (pg_monitor, pglockkit_user) get the samples through views, like every other view.
 CREATE VIEW pglockkit.lock_history AS
 SELECT s.sampled_at, s.namespace, s.key, s.key1, s.key2, s.holders, s.waiters, s.longest_wait,
@@ -4012,6 +4030,16 @@ COMMENT ON VIEW pglockkit.lock_history IS
 
 CREATE VIEW pglockkit.queue_history AS SELECT * FROM pglockkit.queue_samples;
 COMMENT ON VIEW pglockkit.queue_history IS 'Queue depth and lag recorded by sample().';
+
+CREATE VIEW pglockkit.lock_holds AS
+SELECT s.namespace, s.key, s.key1, s.key2, s.pid, a.application_name, a.usename AS "user", a.state,
+       s.first_seen AS held_since, s.last_seen,
+       s.last_seen OPERATOR(pg_catalog.-) s.first_seen AS held_for,
+       coalesce(a.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
+  FROM pglockkit.lock_sightings s
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) s.pid;
+COMMENT ON VIEW pglockkit.lock_holds IS
+    'How long each advisory lock held at the last sample() had been held by its session: held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). Empty unless sample() runs. dedicated: as in idle_lock_holders.';
 
 CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -4045,6 +4073,35 @@ BEGIN
               CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
      GROUP BY h.namespace, h.key, h.key1, h.key2;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- Hold times (0017). Samplers take turns, so that two never add the same sighting.
+    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
+    WITH held AS (
+        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
+               al.namespace, al.key, al.key1, al.key2
+          FROM pglockkit.advisory_locks al
+          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+         WHERE al.granted AND al.pid IS NOT NULL
+           AND al.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()  -- not the turn taken above
+    ), gone AS (
+        DELETE FROM pglockkit.lock_sightings s
+         WHERE NOT EXISTS (SELECT FROM held h
+                            WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                              AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+                              AND h.key2 IS NOT DISTINCT FROM s.key2)
+    ), still AS (
+        UPDATE pglockkit.lock_sightings s SET last_seen = v_now
+          FROM held h
+         WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+           AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+           AND h.key2 IS NOT DISTINCT FROM s.key2
+    )
+    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
+    SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, v_now, v_now
+      FROM held h
+     WHERE NOT EXISTS (SELECT FROM pglockkit.lock_sightings s
+                        WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                          AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
+                          AND h.key2 IS NOT DISTINCT FROM s.key2);
     INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
     SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
     DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
@@ -4053,7 +4110,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.sample(interval) IS
-    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
+    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
 
 CREATE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
 RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,

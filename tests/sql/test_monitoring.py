@@ -694,3 +694,35 @@ def test_doctor_does_not_call_a_live_sole_writer_run_once_or_lease_a_leaked_pool
         ["pglockkit sole_writer " + ns + ")", "pglockkit run nightly)", "pglockkit lease refresh)"]
     ), notes
     assert sorted(d for _, d in flags) == [False, True, True, True], flags
+
+
+def test_lock_holds_tells_how_long_a_lock_has_been_held_whatever_its_session_does(db, ns, as_role):
+    """pg_locks does not say when a lock was taken, and a holder's state age restarts at each of
+    its transactions. sample() keeps when it first saw each (session, lock): a session lock held
+    through many short transactions shows its whole hold time; a lock released is forgotten at
+    the next sample, and one taken again starts again."""
+    key = lock_key(namespace_id(ns), "nightly")
+    with db.connect() as holder:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'nightly')", (ns,))
+        db.conn.execute("SELECT pglockkit.sample()")
+        first = db.conn.execute("SELECT max(sampled_at) FROM pglockkit.lock_samples").fetchone()[0]
+        for _ in range(12):  # busy: its state never ages past 0.1 s
+            holder.execute("SELECT 1")
+            time.sleep(0.1)
+        db.conn.execute("SELECT pglockkit.sample()")
+        query = "SELECT namespace, key, pid, held_since, held_for, dedicated FROM pglockkit.lock_holds"
+        [row] = db.conn.execute(query).fetchall()
+        assert row[:4] == (ns, key, holder.info.backend_pid, first)
+        assert row[4] >= timedelta(seconds=1.2) and row[5] is False
+        assert as_role("vis_monitor").execute(query).fetchall() == [row]  # pg_monitor reads it
+        idle = db.conn.execute("SELECT idle_for FROM pglockkit.idle_lock_holders").fetchone()[0]
+        assert idle < timedelta(seconds=0.5)  # what the idle check sees of it
+        holder.execute("SELECT pglockkit.unlock(%s, 'nightly')", (ns,))
+        db.conn.execute("SELECT pglockkit.sample()")
+        assert db.conn.execute(query).fetchall() == []
+        holder.execute("SELECT pglockkit.try_lock(%s, 'nightly')", (ns,))
+        db.conn.execute("SELECT pglockkit.sample()")
+        [again] = db.conn.execute(query).fetchall()
+        assert again[4] == timedelta(0)
+        findings = monitor.doctor(db.conn, held_after=timedelta(seconds=1))
+    assert not [f for f in findings if f.check == "long-held lock"]  # held for 0 s since taken again

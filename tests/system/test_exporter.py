@@ -117,7 +117,15 @@ def test_exporter_loads_every_query_and_scrapes_without_error(exporter):
     loaded = [v for (n, _), v in samples.items() if n == "pg_exporter_user_queries_load_error"]
     assert loaded == [0.0], exporter.log.read_text()
     assert value(samples, "pg_exporter_last_scrape_error") == 0, exporter.log.read_text()
-    for query in ("namespace", "lock_waits", "idle_lock_holders", "leases", "table", "xmin_horizon"):
+    for query in (
+        "namespace",
+        "lock_waits",
+        "idle_lock_holders",
+        "lock_holds",
+        "leases",
+        "table",
+        "xmin_horizon",
+    ):
         assert any(n.startswith(f"pglockkit_{query}_") for n in names), query
     # Registered namespaces have series even when nothing is held: alerts need no absent().
     assert value(samples, "pglockkit_namespace_locks_held", namespace="pglockkit") == 0
@@ -134,6 +142,7 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
     db.conn.execute("SELECT pglockkit.pause_queue('held')")
     with db.connect() as holder, db.connect() as waiter:
         holder.execute("SELECT pglockkit.try_lock('billing', 'invoice:1')")  # held, then idle: a leak
+        db.conn.execute("SELECT pglockkit.sample()")  # its hold time starts here
         thread = threading.Thread(
             target=lambda: waiter.execute("SELECT pglockkit.xact_lock('billing', 'invoice:1', '30 s')"),
             daemon=True,
@@ -144,6 +153,7 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         time.sleep(1.1)
+        db.conn.execute("SELECT pglockkit.sample()")
         samples = exporter.scrape()
         assert value(samples, "pglockkit_namespace_locks_held", namespace="billing") == 1
         assert value(samples, "pglockkit_namespace_waiters", namespace="billing") == 1
@@ -154,6 +164,8 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
         assert value(samples, "pglockkit_lock_waits_max_sessions_behind_root") == 1
         assert value(samples, "pglockkit_idle_lock_holders_locks", namespace="billing") == 1
         assert value(samples, "pglockkit_idle_lock_holders_longest_idle_seconds", namespace="billing") >= 1
+        assert value(samples, "pglockkit_lock_holds_locks", namespace="billing") == 1
+        assert value(samples, "pglockkit_lock_holds_longest_held_seconds", namespace="billing") >= 1
         assert value(samples, "pglockkit_queue_ready", queue="mail") == 2
         assert value(samples, "pglockkit_queue_scheduled", queue="mail") == 1
         assert value(samples, "pglockkit_queue_running", queue="mail") == 1
@@ -165,7 +177,9 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
         holder.execute("SELECT pglockkit.unlock('billing', 'invoice:1')")
         thread.join(5)
     # Once the holder lets go and the waiter commits, the gauges fall back to zero.
+    db.conn.execute("SELECT pglockkit.sample()")
     samples = exporter.scrape()
+    assert value(samples, "pglockkit_lock_holds_locks", namespace="billing") == 0
     assert value(samples, "pglockkit_namespace_locks_held", namespace="billing") == 0
     assert value(samples, "pglockkit_namespace_waiters", namespace="billing") == 0
     assert value(samples, "pglockkit_lock_waits_waiting") == 0

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -432,3 +433,40 @@ def test_once_refusing_a_pooler_leaves_no_session_setting_on_the_pooled_server_s
     assert out.returncode == 1 and "pglockkit once needs a direct connection" in out.stderr, out.stderr
     with psycopg.connect(b.dsn(), autocommit=True, prepare_threshold=None) as other:
         assert other.execute("SHOW tcp_user_timeout").fetchone()[0] == default
+
+
+def test_a_session_lock_leaked_on_a_busy_transaction_pool_is_reported_by_its_hold_time(db, bouncer):
+    """The leak of the brief (seeds 001, 003, 004) as production meets it: a try_lock through
+    transaction pooling stays on a server session that the pool keeps busy with other clients'
+    transactions. Every later tick skips, yet that session never idles for long, so the idle
+    check (idle_lock_holders, and the alert on it) never sees it. sample(), run every few
+    seconds, keeps how long the lock has been held: lock_holds shows it, and doctor reports it
+    as a long-held lock."""
+    b = bouncer("transaction", pool_size=1)
+    with b.connect() as taker:
+        assert taker.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+    stop = threading.Event()
+
+    def busy_client():  # the rest of the application, through the same pool
+        with b.connect() as other:
+            while not stop.is_set():
+                other.execute("SELECT 1")
+                time.sleep(0.05)
+
+    traffic = threading.Thread(target=busy_client)
+    traffic.start()
+    try:
+        for _ in range(7):  # `pglockkit sample --every 0.5s`, for 3 s
+            db.conn.execute("SELECT pglockkit.sample()")
+            time.sleep(0.5)
+        with db.connect() as rival:  # every later tick skips: the leak is real
+            assert not rival.execute("SELECT pglockkit.try_lock(%s, 'tick')", (NS,)).fetchone()[0]
+        findings = monitor.doctor(db.conn, idle_after=timedelta(seconds=1), held_after=timedelta(seconds=2))
+        held = db.conn.execute("SELECT namespace, held_for FROM pglockkit.lock_holds").fetchall()
+    finally:
+        stop.set()
+        traffic.join()
+    assert [ns for ns, _ in held] == [NS] and held[0][1] >= timedelta(seconds=2.5), held
+    assert not [f for f in findings if f.check == "idle lock holder"]  # what the idle check misses
+    long_held = [f.message for f in findings if f.check == "long-held lock"]
+    assert len(long_held) == 1 and f"has held advisory lock {NS}/" in long_held[0], findings

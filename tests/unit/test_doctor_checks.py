@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pglockkit import monitor
 from pglockkit.monitor import (
@@ -11,6 +11,7 @@ from pglockkit.monitor import (
     check_expired_leases,
     check_idle_lock_holders,
     check_lock_table_headroom,
+    check_long_holds,
     check_pooler,
     check_queues,
     check_xmin_horizon,
@@ -152,3 +153,27 @@ def test_a_paused_queue_is_a_finding_and_its_lag_is_not():
     assert (finding.severity, finding.check) == ("info", "paused queue")
     assert finding.message == "queue p is paused: none of its 7 ready job(s) is claimed"
     assert "pglockkit resume p" in finding.fix
+
+
+def test_long_holds_from_the_threshold_on_and_not_twice():
+    def held(pid: int, minutes: float, **extra) -> dict:
+        row = {**idle(pid, 0), "held_for": timedelta(minutes=minutes), "idle_for": None}
+        return {**row, "held_since": datetime(2026, 12, 2, 3, 0, 0), "state": "active", **extra}
+
+    rows = [
+        held(7, 12),
+        held(8, 9.9),
+        held(9, 30, dedicated=True),
+        held(10, 20, idle_for=timedelta(minutes=5)),
+    ]
+    [f] = check_long_holds(rows, timedelta(minutes=10), timedelta(seconds=30))
+    assert f.severity == "warning" and f.check == "long-held lock"
+    assert f.message.startswith("pid 7 (?) has held advisory lock billing/42 for at least 12.0m")
+    assert "(seen by sample() since 03:00:00), now active" in f.message
+    assert "pg_terminate_backend(7)" in f.fix
+    # 8: under the threshold; 9: a dedicated connection; 10: idle, so the idle check reports it.
+    assert check_long_holds([held(11, 11, state=None)], timedelta(minutes=10), timedelta(0))[
+        0
+    ].message.endswith(
+        "now in a state hidden from you: a stuck job, or a session lock left on a busy pooled connection?"
+    )
