@@ -571,7 +571,8 @@ BOUND_LEASE = ("Lease(bind_session=True)", "leave bind_session off (the lease th
 
 
 def server_keepalives(window: dict[str, int] | None) -> Call[None]:
-    """``set_server_keepalives``: the session's ``tcp_keepalives_*`` and ``tcp_user_timeout``."""
+    """``set_server_keepalives``: the session's ``tcp_keepalives_*`` and ``tcp_user_timeout``, and
+    ``idle_session_timeout`` off."""
     settings = {**SERVER_KEEPALIVES, **(window or {})}
     unknown = set(settings) - set(SERVER_KEEPALIVES)
     if unknown:
@@ -584,6 +585,10 @@ def server_keepalives(window: dict[str, int] | None) -> Call[None]:
         + settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
     )
     settings["tcp_user_timeout"] = window_s * 1000  # milliseconds
+    # These sessions sit idle for as long as the block or command that their lock protects runs:
+    # a server's, database's or role's idle_session_timeout would end them, and free the lock,
+    # while it still runs. Any role may turn it off for its own session.
+    settings["idle_session_timeout"] = 0
     return Call(
         "SELECT pg_catalog.set_config(k, v, false) FROM unnest(%s::text[], %s::text[]) AS s(k, v)",
         (list(settings), [str(v) for v in settings.values()]),
@@ -632,8 +637,15 @@ def session_unlock(ns: str, resource: str | int, key: int, acquired_at: float) -
     def failed(exc: Exception, _: float) -> None:
         if not isinstance(exc, psycopg.OperationalError):
             raise exc
-        # The session is gone (killed backend, network): the server released the lock with it.
-        lock_event("released", ns, resource, key, scope="session", hold_ms=hold_ms(), by="session end")
+        # The session is gone (a killed backend, the network, a server restart): the server freed
+        # the lock with it, at a moment nobody knows, perhaps while the block still ran. Another
+        # process may have held the lock meanwhile: a warning, never a quiet "released".
+        data = {"event": "lost", "namespace": ns, "resource": resource, "key": key, "scope": "session"}
+        locks_log.warning(
+            "sole_writer lost its lock %s/%s: %s while it held the lock, which went with it; another "
+            "process may have held it before the block ended",
+            ns, resource, connection_lost(exc), extra={"pglockkit": {**data, "hold_ms": hold_ms()}},
+        )  # fmt: skip
 
     # By the key it took: the namespace may have been registered again meanwhile (another id), and
     # unlock(ns, resource) would look for another key, held by nobody (55000 after a good block).

@@ -572,6 +572,7 @@ async def run_once(
     slot = today_utc() if slot is None else slot
     async with await connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
         await _calls.arun(conn, _calls.refuse_pooler(conn, *_calls.RUN_ONCE_POOLER))
+        await set_server_keepalives(conn)  # as run_once: no idle_session_timeout, a vanished host's window
         run_id = await start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)

@@ -23,10 +23,11 @@ KEEPALIVES: dict[str, Any] = {
 # The server side of the same problem: the server ends the session of a client host that stopped
 # answering, and frees its session locks, after about idle + interval * count seconds of silence.
 # Servers default to the OS's keepalive timing (two hours on Linux). Any role may set these for its
-# own session; pglockkit does so on the connections that hold session locks (sole_writer, leases
-# bound to their session), with tcp_user_timeout set to the same window: keepalive probes are only
-# sent while no data is in flight, so a host that vanished before acknowledging the server's last
-# reply would otherwise hold its locks for the retransmission timeout (about 15 minutes on Linux).
+# own session; pglockkit does so on the connections that hold session locks (sole_writer, run_once,
+# `pglockkit once`, leases bound to their session), with tcp_user_timeout set to the same window:
+# keepalive probes are only sent while no data is in flight, so a host that vanished before
+# acknowledging the server's last reply would otherwise hold its locks for the retransmission
+# timeout (about 15 minutes on Linux).
 # They have no effect on Unix-socket connections.
 SERVER_KEEPALIVES: dict[str, int] = {
     "tcp_keepalives_idle": 10,
@@ -76,8 +77,11 @@ def connect_params(application_name: str | None, kwargs: dict[str, Any]) -> dict
 def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | None = None) -> None:
     """Have the server drop this session (and its session locks) when the client host vanishes:
     sets the session's ``tcp_keepalives_*`` (default ``SERVER_KEEPALIVES``; any subset may be
-    given) and ``tcp_user_timeout`` to the same window, idle + interval * count seconds. A session,
-    not a transaction, setting: use it on direct connections that hold session locks."""
+    given) and ``tcp_user_timeout`` to the same window, idle + interval * count seconds. It also
+    sets ``idle_session_timeout`` to 0, so that a server, database or role that ends idle
+    sessions does not end this one (and free its locks) while it waits, idle, for the work its
+    locks protect. Session, not transaction, settings: use it on direct connections that hold
+    session locks, never through a pooler (they would stay on a server session that others use)."""
     from pglockkit import _calls  # _calls reads SERVER_KEEPALIVES from here
 
     _calls.run(conn, _calls.server_keepalives(window))

@@ -11,7 +11,7 @@ from typing import TypeVar
 import psycopg
 
 from pglockkit import _calls
-from pglockkit.connection import connect
+from pglockkit.connection import connect, set_server_keepalives
 from pglockkit.leases import default_holder
 
 T = TypeVar("T")
@@ -54,9 +54,10 @@ def runs(conn: psycopg.Connection, job: str | None = None, limit: int = 50) -> l
 def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = None) -> Iterator[int | None]:
     """Yield the run id if this process won the slot (default: today in UTC), else None.
 
-    The slot is held on a dedicated connection for the whole block; an exception records the run
+    The slot is held on a dedicated, direct connection for the whole block, with the server
+    keepalives and ``idle_session_timeout`` off of ``sole_writer``; an exception records the run
     as failed (and propagates). If the process dies inside the block, the next ``run_once`` for
-    the slot re-runs it.
+    the slot re-runs it; if this host vanishes, the server frees the slot within 25 s.
 
     >>> with run_once(dsn, "nightly-aggregation") as run:  # doctest: +SKIP
     ...     if run is not None:
@@ -65,6 +66,9 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
     slot = today_utc() if slot is None else slot
     with connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
         _calls.run(conn, _calls.refuse_pooler(conn, *_calls.RUN_ONCE_POOLER))
+        # The slot's lock lives as long as this session, idle while the block runs: keep the
+        # server's idle_session_timeout from ending it, and bound how long a vanished host keeps it.
+        set_server_keepalives(conn)
         run_id = start_run(conn, job, slot, default_holder() if holder is None else holder)
         if run_id is None:
             _calls.run_event("skipped", job, slot, None)

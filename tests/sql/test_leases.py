@@ -129,6 +129,27 @@ def test_session_bound_lease_is_freed_when_its_backend_dies(db):
         assert token == t + 1
 
 
+def test_a_session_bound_lease_outlasts_the_servers_idle_session_timeout(db):
+    """A server, database or role with idle_session_timeout ends sessions idle that long. A bound
+    lease's connection is idle between renewals (every ttl / 3): the server would end it, free
+    the lease, and a rival would take it while the holder still writes (sync and async)."""
+    db.conn.execute(f'ALTER DATABASE "{db.conn.info.dbname}" SET idle_session_timeout = 1000')
+    with Lease(db.dsn, "bound-idle", ttl=60, holder="holder", bind_session=True) as lease:
+        assert lease.acquired
+        time.sleep(2.0)
+        assert acquire_lease(db.conn, "bound-idle", "rival", 60) is None, "a rival took the bound lease"
+        assert not lease.lost.is_set()
+
+    async def async_holder() -> None:
+        async with aio.Lease(db.dsn, "abound-idle", ttl=60, holder="holder", bind_session=True) as lease:
+            assert lease.acquired
+            await asyncio.sleep(2.0)
+            assert acquire_lease(db.conn, "abound-idle", "rival", 60) is None, "a rival took the bound lease"
+            assert not lease.lost.is_set()
+
+    asyncio.run(async_holder())
+
+
 def test_ttl_only_lease_survives_its_backend(db):
     with db.connect() as holder, db.connect() as rival:
         acquire_lease(holder, "durable", "holder", 60)

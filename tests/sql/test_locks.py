@@ -3,6 +3,7 @@ LangGraph graph, timeouts, deadlock freedom by ordering, row locks, and bad inpu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 
 import pglockkit
+import pglockkit.aio as aio
 from pglockkit import lock_key, namespace_id
 
 # --- one writer per graph ----------------------------------------------------------------------
@@ -97,8 +99,11 @@ def test_killed_holder_frees_the_lock_at_once(db, ns):
     holder.close()
 
 
-def test_sole_writer_survives_its_own_backend_being_killed(db, ns):
-    """If the server kills the holder mid-run, leaving the block does not raise, and the lock is free."""
+def test_sole_writer_survives_its_own_backend_being_killed(db, ns, caplog):
+    """If the server kills the holder mid-run, leaving the block does not raise, and the lock is free.
+    The lock went before the block ended, and another process may have taken it: a warning says so,
+    not a quiet "released"."""
+    caplog.set_level(logging.INFO, logger="pglockkit.locks")
     with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
         assert mine
         pid = db.conn.execute(
@@ -107,6 +112,10 @@ def test_sole_writer_survives_its_own_backend_being_killed(db, ns):
         ).fetchone()[0]
         db.conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         time.sleep(0.2)
+    events = [r for r in caplog.records if hasattr(r, "pglockkit")]
+    assert [e.pglockkit["event"] for e in events] == ["acquired", "lost"]
+    assert events[1].levelno == logging.WARNING
+    assert "sole_writer lost its lock graphs/restock_plan: the connection was lost" in events[1].getMessage()
     with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
         assert mine
 
@@ -810,3 +819,25 @@ def test_lock_rows_and_xact_lock_all_take_numpy_integer_ids_as_xact_lock_does(db
         assert pglockkit.lock_rows(conn, orders, [np.int64(3), np.int64(1)]) == 2
         key = pglockkit.xact_lock(conn, ns, np.int64(7))
         assert pglockkit.xact_lock_all(conn, ns, [np.int64(7)]) == [key]
+
+
+def test_sole_writer_keeps_its_lock_while_the_server_ends_idle_sessions(db, ns):
+    """A managed server (or a role) with idle_session_timeout ends sessions idle that long. The
+    sole_writer connection is idle for the whole block, so the server ends it, the lock goes
+    with it, and a second replica runs the same tick while the first is still running: the
+    duplicate sole_writer exists to stop, with nothing reported to either replica."""
+    db.conn.execute(f'ALTER DATABASE "{db.conn.info.dbname}" SET idle_session_timeout = 1000')
+    with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as mine:
+        assert mine
+        time.sleep(2.0)  # the graph run, longer than the server's idle_session_timeout
+        with pglockkit.sole_writer(db.dsn, ns, "restock_plan") as rival:
+            assert not rival, "a second replica won the lock while the first was still running"
+
+    async def async_replicas() -> None:
+        async with aio.sole_writer(db.dsn, ns, "restock_plan") as mine:
+            assert mine
+            await asyncio.sleep(2.0)
+            async with aio.sole_writer(db.dsn, ns, "restock_plan") as rival:
+                assert not rival, "a second replica won the lock while the first was still running"
+
+    asyncio.run(async_replicas())

@@ -497,3 +497,28 @@ def test_runs_lists_the_newest_first_also_within_one_second(db):
         listed = [r["id"] for r in runs(conn, "newest-first")]
         assert listed == newest_first
         assert [r["id"] for r in runs(conn, "newest-first", limit=1)] == [ids[-1]]
+
+
+def test_a_run_outlasting_the_servers_idle_session_timeout_is_not_started_again_meanwhile(db):
+    """A nightly job that runs longer than the server's idle_session_timeout (a managed server's
+    or a role's setting): run_once's and ``pglockkit once``'s connections sit idle while the body
+    or command runs, the server ends them, the slot's lock goes, and the next cron pod starts the
+    same slot while the first is still running: the job runs twice at once."""
+    db.conn.execute(f'ALTER DATABASE "{db.conn.info.dbname}" SET idle_session_timeout = 1000')
+    with pglockkit.run_once(db.dsn, "nightly-aggregation", "2026-11-30") as run:
+        assert run is not None
+        time.sleep(2.0)  # the aggregation, longer than the idle timeout
+        with pglockkit.run_once(db.dsn, "nightly-aggregation", "2026-11-30") as second:
+            assert second is None, "a second pod started the slot while the first was running it"
+
+    async def async_pods() -> None:
+        async with aio.run_once(db.dsn, "nightly-aggregation", "2026-12-01") as run:
+            assert run is not None
+            await asyncio.sleep(2.0)
+            async with aio.run_once(db.dsn, "nightly-aggregation", "2026-12-01") as second:
+                assert second is None, "a second pod started the slot while the first was running it"
+
+    asyncio.run(async_pods())
+    history = "SELECT slot, status, attempt FROM pglockkit.run_history ORDER BY slot"
+    done = [("2026-11-30", "succeeded", 1), ("2026-12-01", "succeeded", 1)]
+    assert db.conn.execute(history).fetchall() == done
