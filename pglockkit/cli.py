@@ -637,8 +637,17 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_install,
         "apply pending migrations (safe to run from many pods at once)",
         parents=[conn_opts],
+        epilog="Run it as the role that owns schema pglockkit (or a member of it): another role, a "
+        "worker's, is refused (exit 1, error 42501) with the owner's name, before it changes anything.",
     )
-    add("status", cmd_status, "list applied and pending migrations", parents=[conn_opts])
+    add(
+        "status",
+        cmd_status,
+        "list applied and pending migrations",
+        parents=[conn_opts],
+        epilog="Reads the owner's migration state: a role that may not read it is refused (exit 1, "
+        "error 42501) with the name of the role that owns schema pglockkit.",
+    )
     p = add(
         "uninstall",
         cmd_uninstall,

@@ -111,6 +111,14 @@ class PreReleaseInstall(PglockkitError):
     install again (client-side, no SQLSTATE)."""
 
 
+class NotOwner(PglockkitError):
+    """``install``, ``uninstall`` or ``status`` run by a role that does not own schema pglockkit
+    (42501), e.g. a worker's app role on a database installed by another role. The message names
+    the owner, the role that must run it."""
+
+    sqlstate = "42501"
+
+
 class RetryableError(PglockkitError):
     """A failure that a retry of the whole transaction can cure."""
 

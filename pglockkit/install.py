@@ -26,7 +26,7 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import DatabaseURI
 
 from pglockkit.connection import connect
-from pglockkit.errors import DependentObjects, LockTimeout, PreReleaseInstall
+from pglockkit.errors import DependentObjects, LockTimeout, NotOwner, PreReleaseInstall
 from pglockkit.keys import lock_key, namespace_id
 from pglockkit.retry import backoff
 
@@ -113,18 +113,23 @@ class _InstallLock:
     this lock is held no other pglockkit installer runs, so a leftover yoyo lock row is stale.
     """
 
-    def __init__(self, dsn: str, timeout_s: float, *, create_schema: bool = True):
+    def __init__(self, dsn: str, timeout_s: float, *, create_schema: bool = True, verb: str = "install"):
         self.dsn = dsn
         self.timeout_s = timeout_s
         self.create_schema = create_schema  # uninstall: not on a database that never had it
+        self.verb = verb
 
     def __enter__(self) -> psycopg.Connection:
         self.conn = connect(self.dsn, autocommit=True, application_name="pglockkit install")
         try:
+            # A role that does not own the kit (a worker's app role, on pods that all run install)
+            # is refused with the owner's name, before it waits for the lock or creates anything.
+            _require_owner(self.conn, self.verb)
             self.conn.execute(
                 "SELECT set_config('lock_timeout', %s, false)", (f"{int(self.timeout_s * 1000)}ms",)
             )
             self.conn.execute("SELECT pg_advisory_lock(%s)", (INSTALL_LOCK_KEY,))
+            _require_owner(self.conn, self.verb)  # another role may have installed it meanwhile
             if self.create_schema:
                 self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
         except BaseException:
@@ -138,6 +143,33 @@ class _InstallLock:
                 self.conn.execute("SELECT pg_advisory_unlock(%s)", (INSTALL_LOCK_KEY,))
         finally:
             self.conn.close()
+
+
+def _kit_owner(conn: psycopg.Connection) -> str | None:
+    """The role that owns schema pglockkit if the current role is neither it nor a member with its
+    privileges (a superuser is); None otherwise, and when the kit is not installed."""
+    row = conn.execute(
+        "SELECT n.nspowner::pg_catalog.regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE')"
+        "  FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pglockkit'"
+    ).fetchone()
+    return None if row is None or row[1] else row[0]
+
+
+def _not_owner(owner: str, verb: str, conn: psycopg.Connection) -> NotOwner:
+    return NotOwner(
+        f"{verb} must run as {owner} (the role that owns schema pglockkit), not as {conn.info.user}",
+        hint=f"connect as {owner}, or a member of it, to run `pglockkit {verb}`; workers need "
+        "pglockkit_user only (`pglockkit grant ROLE`), not install",
+    )
+
+
+def _require_owner(conn: psycopg.Connection, verb: str) -> None:
+    """``NotOwner`` (42501, naming the owner) unless the current role may change schema pglockkit.
+    Without this, a worker's role running ``install`` on an installed database failed with
+    "permission denied for database ..." on the migration schema, which named nobody."""
+    owner = _kit_owner(conn)
+    if owner is not None:
+        raise _not_owner(owner, verb, conn)
 
 
 def _adopt_bundle(conn: psycopg.Connection, backend, migrations) -> list[str]:
@@ -251,7 +283,14 @@ def status(dsn: str = "") -> list[MigrationState]:
     """Every known migration, in order, and whether it is applied to the database: recorded by
     ``install`` or by ``sql/pglockkit.sql`` (a psql install). Reads only."""
     with connect(dsn, autocommit=True) as conn:
-        applied = set(_applied_migrations(conn))
+        try:
+            applied = set(_applied_migrations(conn))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # The migration state is the owner's: a role that may not read it learns whose it is.
+            owner = _kit_owner(conn)
+            if owner is None:
+                raise
+            raise _not_owner(owner, "status", conn) from exc
     return [MigrationState(m.id, m.id in applied) for m in _migrations()]
 
 
@@ -385,7 +424,7 @@ def uninstall(dsn: str = "", *, cascade: bool = False, lock_timeout_s: float = 3
     dropped too, and listed in the result. The cluster-wide roles ``pglockkit_user`` and
     ``pglockkit_admin`` stay (other databases may use them).
     """
-    with _InstallLock(dsn, lock_timeout_s, create_schema=False) as conn, conn.transaction():
+    with _InstallLock(dsn, lock_timeout_s, create_schema=False, verb="uninstall") as conn, conn.transaction():
         conn.execute("SET LOCAL search_path = pg_catalog")
         applied = _applied_migrations(conn)
         schemas = [

@@ -90,9 +90,11 @@ def test_uninstall_leaves_nothing_and_reinstall_works(empty_db):
 def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db):
     dbname = conninfo_to_dict(empty_db)["dbname"]
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS app_deployer")
         conn.execute("DROP ROLE IF EXISTS app_owner")
         conn.execute("CREATE ROLE app_owner LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB")
         conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO app_owner')
+        conn.execute("CREATE ROLE app_deployer LOGIN IN ROLE app_owner")  # a member of the owner
     dsn = make_conninfo(empty_db, user="app_owner")
     assert pglockkit.install(dsn) == ALL
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -106,6 +108,8 @@ def test_install_as_ordinary_role_with_only_create_on_database(server, empty_db)
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pglockkit'"
         ).fetchone()
         assert owner == ("app_owner",)
+    # Not only the owner: a member of its role may run install again (the owner check lets it).
+    assert pglockkit.install(make_conninfo(empty_db, user="app_deployer")) == []
     assert pglockkit.uninstall(dsn).migrations == ALL[::-1]
     assert _objects(empty_db) == []
 

@@ -13,6 +13,8 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 from scenarios import cli
 
+import pglockkit
+
 # The login roles the shared as_role fixture (tests/conftest.py) creates: name -> group role.
 ROLES = {"worker_a": "pglockkit_user", "worker_b": "pglockkit_user", "ops": "pglockkit_admin"}
 
@@ -184,3 +186,29 @@ def test_the_admin_role_can_list_the_dead_jobs_it_may_retry(db, as_role):
     out = cli("jobs", "mail", "--status", "dead", "--dsn", make_conninfo(db.dsn, user="ops"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert str(job) in out.stdout and "smtp down" in out.stdout
+
+
+def test_install_again_as_a_worker_role_is_a_no_op_or_names_the_installing_role(db, as_role):
+    """docs/install.md: "Running `install` again is a no-op", and many pods may run it at once:
+    pods run as their app role, a pglockkit_user member. On an up-to-date database that role gets
+    `pglockkit: error [42501]: permission denied for database tests` (it first runs CREATE SCHEMA IF
+    NOT EXISTS for the migration state; with CREATE on the database it fails next on schema
+    pglockkit_migrations): nothing says that install must run as the role that owns the kit."""
+    as_role("worker_a")
+    owner = db.conn.execute("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pglockkit'")
+    owner = owner.fetchone()[0]
+    out = cli("install", "--dsn", make_conninfo(db.dsn, user="worker_a"))
+    assert out.returncode == 0 or owner in out.stderr, out.stderr
+    assert out.stderr.startswith(
+        f"pglockkit: error [42501]: install must run as {owner} (the role that owns schema pglockkit), "
+        "not as worker_a"
+    ), out.stderr
+    # status reads the owner's migration state: the same clear refusal, not a bare 42501.
+    out = cli("status", "--dsn", make_conninfo(db.dsn, user="worker_a"))
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"pglockkit: error [42501]: status must run as {owner} "), out.stderr
+    with pytest.raises(pglockkit.NotOwner) as raised:
+        pglockkit.install(make_conninfo(db.dsn, user="worker_a"))
+    assert raised.value.sqlstate == "42501"
+    # The owner still installs (a no-op).
+    assert cli("install", "--dsn", db.dsn).returncode == 0
