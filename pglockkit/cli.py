@@ -666,6 +666,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_grant,
         "give a role pglockkit_user (workers) or, with --admin, pglockkit_admin (operators)",
         parents=[conn_opts],
+        epilog="A NOINHERIT role gets the privileges with its grant on PostgreSQL 16 and later (WITH "
+        "INHERIT TRUE); on 15 it is refused (exit 2, nothing granted): ALTER ROLE ... INHERIT first, or "
+        "grant it yourself and SET ROLE pglockkit_user in each session. --revoke exits 2, naming the "
+        "role it goes through, when ROLE keeps the kit through another membership.",
     )
     p.add_argument("role", help="an existing role, e.g. the login role your workers use")
     p.add_argument(
@@ -675,7 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
         "leases and runs, retry dead jobs, sample, set the payload limit, schedule and unschedule, set "
         "and remove rate limits, pause and resume queues",
     )
-    p.add_argument("--revoke", action="store_true", help="take the role back instead")
+    p.add_argument(
+        "--revoke",
+        action="store_true",
+        help="take the kit back instead: both roles; with --admin, pglockkit_admin only",
+    )
     p = add(
         "schedule",
         cmd_schedule,

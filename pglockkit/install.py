@@ -301,11 +301,19 @@ def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> 
     """Give ``role`` pglockkit's worker role (``pglockkit_user``), or with ``admin`` its operator
     role (``pglockkit_admin``: also registers namespaces, lists every queue's jobs, prunes, retries
     dead jobs, samples, sets the payload limit, schedules, sets rate limits and pauses queues);
-    ``revoke`` takes it back. Returns what was done.
+    ``revoke`` takes the kit back: both roles, or with ``admin`` the operator role only. Returns
+    what was done.
 
     Needs a role that may grant the group role (its admin, a CREATEROLE role or a superuser).
     The group roles are created first if missing (then the grants in this database are
-    re-applied, which needs the installing role).
+    re-applied, which needs the installing role). A role created NOINHERIT gets the privileges
+    with its grant on PostgreSQL 16 and later (``WITH INHERIT TRUE``); on 15 it would get none
+    without SET ROLE, so this refuses (``ValueError``, nothing granted). A revoke that leaves
+    ``role`` the access (a membership through another role, or one granted by another role)
+    raises ``ValueError`` naming it.
+
+    >>> grant(dsn, "worker")  # doctest: +SKIP
+    'granted pglockkit_user to worker'
     """
     group = "pglockkit_admin" if admin else "pglockkit_user"
     with connect(dsn, autocommit=True) as conn:
@@ -315,20 +323,78 @@ def grant(dsn: str, role: str, *, admin: bool = False, revoke: bool = False) -> 
             raise ValueError(
                 f"{role!r} is one of pglockkit's own group roles; name a worker or operator role"
             )
+        if revoke:
+            return _revoke(conn, role, group)
         missing = [
             r
             for r in ROLES
             if not conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)", (r,)).fetchone()[0]
         ]
-        if missing and not revoke:
+        inherits = conn.execute("SELECT rolinherit FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
+        # Before PostgreSQL 16 a NOINHERIT role uses a group's privileges only after SET ROLE: the
+        # grant would be reported done and every call of the role would still get 42501.
+        if not inherits and conn.info.server_version < 160000:
+            raise ValueError(
+                f"role {role!r} is NOINHERIT: as a member of {group} it would get none of its "
+                f"privileges until it runs SET ROLE {group}; nothing was granted. Run ALTER ROLE "
+                f'"{role}" INHERIT, then this again; or keep it NOINHERIT, GRANT {group} TO "{role}" '
+                f"and have each of its sessions run SET ROLE {group} (PostgreSQL 16 and later grant "
+                "the privileges to a NOINHERIT role: this command does that there)"
+            )
+        if missing:
             with conn.transaction():
                 for r in missing:
                     conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(r)))
                 conn.execute("GRANT pglockkit_user TO pglockkit_admin")
                 conn.execute("SELECT pglockkit._grant_privileges()")
-        statement = "REVOKE {} FROM {}" if revoke else "GRANT {} TO {}"
+        # From PostgreSQL 16 a grant carries its own INHERIT option, by default the role's: give it
+        # the privileges whatever the role's default, as the command says it does.
+        statement = (
+            "GRANT {} TO {} WITH INHERIT TRUE" if conn.info.server_version >= 160000 else "GRANT {} TO {}"
+        )
         conn.execute(sql.SQL(statement).format(sql.Identifier(group), sql.Identifier(role)))
-    return f"{'revoked' if revoke else 'granted'} {group} {'from' if revoke else 'to'} {role}"
+    return f"granted {group} to {role}"
+
+
+def _revoke(conn: psycopg.Connection, role: str, group: str) -> str:
+    """``grant(..., revoke=True)``: take back ``group`` and, for pglockkit_user, pglockkit_admin
+    too (a member of it is one of pglockkit_user). ``ValueError`` if ``role`` is still a member."""
+    targets = [group] if group == "pglockkit_admin" else list(ROLES)
+    held = [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT g.rolname FROM pg_catalog.pg_auth_members m"
+            "  JOIN pg_catalog.pg_roles g ON g.oid = m.roleid JOIN pg_catalog.pg_roles u ON u.oid = m.member"
+            " WHERE u.rolname = %s AND g.rolname = ANY (%s) ORDER BY 1 DESC",
+            (role, targets),
+        )
+    ]
+    for g in held:
+        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(g), sql.Identifier(role)))
+    # REVOKE of a membership the role has only through another role, or (PostgreSQL 16 and later)
+    # one that another role granted, is a WARNING and changes nothing: check what is left.
+    via = conn.execute(
+        "SELECT g.rolname, pg_catalog.pg_get_userbyid(m.grantor) FROM pg_catalog.pg_auth_members m"
+        "  JOIN pg_catalog.pg_roles g ON g.oid = m.roleid JOIN pg_catalog.pg_roles u ON u.oid = m.member"
+        " WHERE u.rolname = %s AND pg_catalog.pg_has_role(g.oid, %s, 'MEMBER') ORDER BY 1, 2",
+        (role, group),
+    ).fetchall()
+    gone = [g for g in held if g not in {through for through, _ in via}]
+    if not via:
+        return (
+            f"revoked {' and '.join(gone)} from {role}" if gone else f"{role} has no pglockkit role to revoke"
+        )
+    done = f"revoked {' and '.join(gone)} from {role}" if gone else "nothing was revoked"
+    ways = []
+    for through, grantor in via:
+        if through in ROLES:
+            ways.append(
+                f'{through}, granted by {grantor}: REVOKE {through} FROM "{role}" GRANTED BY "{grantor}" '
+                f"(as {grantor} or a superuser)"
+            )
+        else:
+            ways.append(f'{through}: REVOKE "{through}" FROM "{role}", or REVOKE {group} FROM "{through}"')
+    raise ValueError(f"{done}, but {role} is still a member of {group} through " + "; through ".join(ways))
 
 
 @dataclass(frozen=True)

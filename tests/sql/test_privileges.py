@@ -188,6 +188,91 @@ def test_the_admin_role_can_list_the_dead_jobs_it_may_retry(db, as_role):
     assert str(job) in out.stdout and "smtp down" in out.stdout
 
 
+def test_pglockkit_grant_revoke_does_not_report_a_revoke_that_left_the_access(server, db):
+    """docs/install.md: "`pglockkit grant ops --admin`; `--revoke` takes either back." An operator
+    granted with --admin (a member of pglockkit_admin, which is in pglockkit_user) and then
+    `pglockkit grant ops --revoke` is told "revoked pglockkit_user from ops", exit 0, while ops
+    keeps every privilege of both roles: REVOKE of a membership the role does not have directly is
+    only a WARNING. The command must not claim a revoke that left the role its access."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS leaver")
+        admin.execute("CREATE ROLE leaver LOGIN")
+    try:
+        assert cli("grant", "leaver", "--admin", "--dsn", db.dsn).returncode == 0
+        out = cli("grant", "leaver", "--revoke", "--dsn", db.dsn)
+        # Asked of the owner's session: once revoked, leaver may not even look into schema pglockkit.
+        enqueue = "pglockkit.enqueue_job(text,jsonb,timestamptz,int,text,int,text,int,text)"
+        still = db.conn.execute(
+            "SELECT has_function_privilege('leaver', %s, 'EXECUTE')", (enqueue,)
+        ).fetchone()[0]
+        if out.returncode == 0:
+            # Reported as done: then it must be done.
+            assert not still, f"{out.stdout.strip()!r}, exit 0, but leaver can still enqueue"
+        else:
+            assert "pglockkit_admin" in out.stderr, out.stderr
+        # Plain --revoke takes the kit back, both roles (docs/install.md).
+        assert (out.returncode, out.stdout.strip()) == (0, "revoked pglockkit_admin from leaver"), out.stderr
+        out = cli("grant", "leaver", "--revoke", "--dsn", db.dsn)
+        assert (out.returncode, out.stdout.strip()) == (0, "leaver has no pglockkit role to revoke")
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute("DROP ROLE leaver")
+
+
+def test_pglockkit_grant_revoke_names_the_role_through_which_the_access_stays(server, db):
+    """A role that has the kit through a group of its own (app_team, granted pglockkit_user) keeps
+    it after `pglockkit grant ROLE --revoke`: exit 2, naming the group and the statements that
+    take it back; what could be taken back directly is taken back and said."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS member_of_team")
+        admin.execute("DROP ROLE IF EXISTS app_team")
+        admin.execute("CREATE ROLE app_team NOLOGIN IN ROLE pglockkit_user")
+        admin.execute("CREATE ROLE member_of_team LOGIN IN ROLE app_team")
+    try:
+        assert cli("grant", "member_of_team", "--dsn", db.dsn).returncode == 0
+        out = cli("grant", "member_of_team", "--revoke", "--dsn", db.dsn)
+        assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+        assert out.stderr.strip() == (
+            "pglockkit grant: revoked pglockkit_user from member_of_team, but member_of_team is still a "
+            'member of pglockkit_user through app_team: REVOKE "app_team" FROM "member_of_team", or '
+            'REVOKE pglockkit_user FROM "app_team"'
+        )
+        # --admin: it never had pglockkit_admin, by any path.
+        out = cli("grant", "member_of_team", "--revoke", "--admin", "--dsn", db.dsn)
+        assert (out.returncode, out.stdout.strip()) == (0, "member_of_team has no pglockkit role to revoke")
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute("DROP ROLE member_of_team")
+            admin.execute("DROP ROLE app_team")
+
+
+def test_pglockkit_grant_to_a_noinherit_role_lets_it_use_the_kit_or_says_it_does_not(server, db):
+    """README: `pglockkit grant worker` lets role worker use the kit. For a role created NOINHERIT
+    it prints "granted pglockkit_user to ..." and exits 0, and the role still gets 42501
+    (permission denied for schema pglockkit): the membership carries no privileges. On PostgreSQL
+    16 and later GRANT ... WITH INHERIT TRUE would give them; before, the command should say so."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS careful")
+        admin.execute("CREATE ROLE careful LOGIN NOINHERIT")
+    try:
+        out = cli("grant", "careful", "--dsn", db.dsn)
+        with psycopg.connect(make_conninfo(db.dsn, user="careful"), autocommit=True) as conn:
+            usable = conn.execute("SELECT has_schema_privilege('pglockkit', 'USAGE')").fetchone()[0]
+            member = conn.execute("SELECT pg_has_role('pglockkit_user', 'MEMBER')").fetchone()[0]
+        said = (out.returncode, out.stdout, out.stderr)
+        assert usable or "INHERIT" in (out.stdout + out.stderr).upper(), said
+        if server.version >= 16:  # GRANT ... WITH INHERIT TRUE
+            assert usable and out.returncode == 0, said
+            assert out.stdout.strip() == "granted pglockkit_user to careful"
+        else:  # refused, nothing granted, and what to do
+            assert out.returncode == 2 and not member, said
+            assert "pglockkit grant: role 'careful' is NOINHERIT" in out.stderr
+            assert 'ALTER ROLE "careful" INHERIT' in out.stderr and "SET ROLE pglockkit_user" in out.stderr
+    finally:
+        with psycopg.connect(server.dsn(), autocommit=True) as admin:
+            admin.execute("DROP ROLE careful")
+
+
 def test_install_again_as_a_worker_role_is_a_no_op_or_names_the_installing_role(db, as_role):
     """docs/install.md: "Running `install` again is a no-op", and many pods may run it at once:
     pods run as their app role, a pglockkit_user member. On an up-to-date database that role gets
