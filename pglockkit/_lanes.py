@@ -19,14 +19,16 @@ Group commit, exactly once (``handler(job, conn)``)
     ``outcome_calls``), the next claim when the hand is empty, and ``COMMIT``. No claim runs
     while handlers do: a claim locks its keys' running counts until its transaction ends, and
     other claimers of those keys would wait. A crash or a lost connection before the commit loses
-    the group's writes and completions together: its jobs run again after their lease. A group
-    is the jobs in hand, ended early after ``group`` jobs or, at the next job boundary,
+    the group's writes and completions together: its jobs run again after their lease. A COMMIT
+    that fails (a deferred constraint a handler broke, checked only then) puts the group's jobs
+    back in hand to run alone, one transaction each (``_commit_failed``). A group is the jobs in
+    hand, ended early after ``group`` jobs or, at the next job boundary,
     ``group_time`` seconds after it began.
 
     A slow job (slower than ``group_time`` on this lane), or the only one in hand, runs alone in
     a transaction that begins with its handler's first statement; its row is not locked, so the
     heartbeat renews its lease however long it runs, and ``complete_job`` then tells whether the
-    claim is still ours (a stale one rolls back).
+    claim is still ours (a stale one rolls back). A COMMIT that fails fails the job, with its error.
 
 At least once (``handler(job)``, no connection)
     The handler runs outside any transaction; its completions (and failures) are buffered and
@@ -493,6 +495,8 @@ class Lane:
         self.group_xid: str | None = None
         self._group_failed: list[tuple[Job, str]] = []
         self.job_seconds = 0.0  # a moving average of this lane's handler time
+        # How many jobs at the head of the hand run alone: those of a group whose COMMIT failed.
+        self.solo = 0
 
     # --- claims ---------------------------------------------------------------------------
 
@@ -519,6 +523,7 @@ class Lane:
         for job in jobs:
             if job in self.hand:
                 self.hand.remove(job)
+        self.solo = min(self.solo, len(self.hand))
         self.watch.remove(jobs)
         self.budget.give_back(len(jobs))
 
@@ -615,7 +620,7 @@ class Lane:
                 return ended
             if self.stopping():  # stopped during the claim: give the jobs back (drain) unstarted
                 return None
-        if len(self.hand) == 1 or self.job_seconds >= self.s.group_time:
+        if len(self.hand) == 1 or self.job_seconds >= self.s.group_time or self.solo:
             return (yield from self._alone())
         # Lock the jobs in hand for the group's life (and renew their leases). A claim does not
         # run inside the group: its per-key counts would stay locked, and other claimers wait.
@@ -667,6 +672,7 @@ class Lane:
         one rolls the job's writes back. The transaction begins with the handler's first
         statement: a handler that does not use its connection costs no round trip for it."""
         job = self.hand.popleft()
+        self.solo = max(0, self.solo - 1)
         self.running.append(job)
         t0 = time.monotonic()
         outcome: Outcome = yield Handle(job, _calls.statement("BEGIN"), begins=True)
@@ -734,6 +740,33 @@ class Lane:
             self.watch.remove([job])
             self.budget.spend(1)
 
+    def _commit_failed(
+        self, done: list[Job], failed: list[tuple[Job, str]], completed: Sequence[Job], error: Exception
+    ) -> Generator[Pipeline, Any, None]:
+        """The COMMIT of a transaction that handlers wrote in failed, not a statement before it:
+        a deferred constraint (``DEFERRABLE INITIALLY DEFERRED``, as Django makes every foreign
+        key) that a handler broke is checked only then, past its savepoint. The server rolled the
+        transaction back whole: outcomes, writes and claim. The jobs' claims committed before, so
+        they are still this lane's. A job that ran alone (``completed``) fails with the COMMIT's
+        error, like a handler that raised. A group's failures are recorded as they were (their
+        writes were undone with their savepoints), and its other jobs go back to the head of the
+        hand to run again alone, one transaction each: only the one whose writes cannot commit
+        fails then."""
+        if completed:
+            yield from self._fail_each([(job, f"at COMMIT: {error_text(error)}") for job in completed])
+            return None
+        log.warning(
+            "group of %d job(s) failed at COMMIT (%s); running %d of them again, one per transaction",
+            len(done) + len(failed),
+            _calls.first_line(error),
+            len(done),
+        )
+        yield from self._fail_each(failed)
+        self.running = []
+        self.hand.extendleft(reversed(done))
+        self.solo += len(done)
+        return None
+
     def _record(
         self,
         done: list[Job],
@@ -746,7 +779,8 @@ class Lane:
         """Record a group's outcomes (``completed``: jobs already completed in the open
         transaction) and, with the hand empty, claim the next jobs, then commit: one round trip,
         one commit. The claim's per-key counts are locked only until this commit; a claim that
-        fails (a deadlock, say) is undone alone, under a savepoint of its own. ``extend_hand``:
+        fails (a deadlock, say) is undone alone, under a savepoint of its own. A COMMIT that fails
+        after handlers wrote (``begin`` false) is ``_commit_failed``. ``extend_hand``:
         the transaction locked the jobs left in hand (a group), so the heartbeat could not renew
         their leases while it ran; they are renewed before the commit unlocks them, or a group
         that ran longer than the lease left them to other workers' reclaims."""
@@ -763,23 +797,28 @@ class Lane:
         results, error = yield Pipeline([*calls, _calls.statement("COMMIT")])
         claimed: list[Job] = []
         if error is not None:
+            at_commit = len(results) == len(calls)  # every statement before the COMMIT ran
+            if n and len(results) == n_outcomes + 1:  # the claim failed, under its savepoint
+                self.budget.give_back(n)
+                n = 0
+                (log.info if isinstance(error, RetryableError) else log.warning)(
+                    "claim failed, retried later: %s", error
+                )
+                ran, error = yield Pipeline([_calls.rollback_to(0), _calls.statement("COMMIT")])
+                at_commit = len(ran) == 1
+        if error is not None:
             self.budget.give_back(n)
-            if not n or len(results) <= n_outcomes:  # the outcomes themselves failed
-                if begin and failed and isinstance(error, UnknownJob):  # nothing else was in it
-                    _, error = yield Pipeline([_calls.statement("ROLLBACK")])
-                    if error is not None:
-                        raise error
-                    yield from self._fail_each(failed)
-                    return (yield from self._record(done, [], begin=True, completed=completed))
-                raise error
-            (log.info if isinstance(error, RetryableError) else log.warning)(
-                "claim failed, retried later: %s", error
-            )
-            _, error = yield Pipeline([_calls.rollback_to(0), _calls.statement("COMMIT")])
-            if error is not None:
-                raise error
-            n = 0
-        elif n:
+            if at_commit and not begin:  # a handler's writes cannot commit: the server rolled back
+                return (yield from self._commit_failed(done, failed, completed, error))
+            if not at_commit and begin and failed and isinstance(error, UnknownJob):
+                # An outcome failed, and nothing else was in the transaction.
+                _, error = yield Pipeline([_calls.statement("ROLLBACK")])
+                if error is not None:
+                    raise error
+                yield from self._fail_each(failed)
+                return (yield from self._record(done, [], begin=True, completed=completed))
+            raise error
+        if n:
             claimed = results[n_outcomes + 1]
         self.running = []
         current = sum(results[i] for i in completions)

@@ -126,6 +126,126 @@ def test_a_group_commits_once_and_a_failing_handler_loses_only_its_own_writes(ta
     assert (status, attempt, later) == ("queued", 1, True) and "RuntimeError: no luck" in error
 
 
+def _children(db) -> None:
+    db.conn.execute("CREATE TABLE parents (id int PRIMARY KEY)")
+    db.conn.execute(
+        "CREATE TABLE children (job_id bigint, parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)"
+    )
+
+
+def _adopt(job, conn):
+    conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+    if job.payload["parent"] is not None:
+        conn.execute("INSERT INTO children VALUES (%s, %s)", (job.id, job.payload["parent"]))
+
+
+async def _adopt_async(job, conn):
+    await conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+    if job.payload["parent"] is not None:
+        await conn.execute("INSERT INTO children VALUES (%s, %s)", (job.id, job.payload["parent"]))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_deferred_constraint_a_handler_breaks_fails_its_job_not_its_group(tables, asynchronous):
+    """A deferred constraint (Django makes every foreign key DEFERRABLE INITIALLY DEFERRED) is
+    checked at COMMIT, not when the handler's savepoint is released: one handler that breaks one
+    rolled the whole group back at its commit ("lane error, group rolled back"). The group's other
+    jobs, whose handlers had succeeded, went back by their lease, an attempt burned each time they
+    met the bad job in a group again; in 5 s none was done and all were on their 5th attempt, to
+    die as 'lease expired'. The bad job's own error was never recorded."""
+    db = tables
+    _children(db)
+    ids = q.enqueue_many(db.conn, "w", [{"parent": 7 if i == 3 else None} for i in range(6)])
+    bad = ids[3]
+    cls, h = (aio.Worker, _adopt_async) if asynchronous else (pglockkit.Worker, _adopt)
+    worker = cls(db.dsn, "w", h, batch=6, group=32, group_time=30, lease=1)
+    if asynchronous:
+        thread = threading.Thread(target=lambda: asyncio.run(worker.run()))
+    else:
+        thread = threading.Thread(target=worker.run)
+    thread.start()
+    others = [i for i in ids if i != bad]
+    try:
+        deadline = time.monotonic() + 6
+        while (
+            time.monotonic() < deadline
+            and db.conn.execute(
+                "SELECT count(*) FROM pglockkit.jobs WHERE id = ANY(%s) AND status <> 'done'", (others,)
+            ).fetchone()[0]
+        ):
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(20)
+    rows = db.conn.execute(
+        "SELECT id, status, attempt FROM pglockkit.jobs WHERE id = ANY(%s) ORDER BY id", (others,)
+    ).fetchall()
+    assert [r[1:] for r in rows] == [("done", 1)] * 5, rows
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == others
+    error = db.conn.execute("SELECT last_error FROM pglockkit.jobs WHERE id = %s", (bad,)).fetchone()[0]
+    assert error is not None and "children" in error, error  # the foreign key's violation, recorded
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_job_alone_whose_commit_fails_records_the_commits_error(tables, asynchronous):
+    """A job that runs alone (the only one in hand) and breaks a deferred constraint fails at its
+    own COMMIT: that was taken for a failed claim ("claim failed, retried later"), then a lane
+    error, and the job came back by its lease until it died as 'lease expired'. It is a failed
+    attempt now, with the COMMIT's error, retried with backoff like any handler's failure."""
+    db = tables
+    _children(db)
+    (bad,) = q.enqueue_many(db.conn, "w", [{"parent": 7}], max_attempts=2)
+    cls, h = (aio.Worker, _adopt_async) if asynchronous else (pglockkit.Worker, _adopt)
+    worker = cls(db.dsn, "w", h, lease=30)
+    run = worker.run(exit_when_idle=True)
+    assert (asyncio.run(run) if asynchronous else run) == 1
+    assert worker.reconnects == 0  # no lane error
+    status, attempt, error, later = db.conn.execute(
+        "SELECT status, attempt, last_error, run_at > clock_timestamp() FROM pglockkit.jobs WHERE id = %s",
+        (bad,),
+    ).fetchone()
+    assert (status, attempt, later) == ("queued", 1, True), (status, attempt, error)
+    assert "ForeignKeyViolation" in error and "children" in error, error
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 0  # its writes rolled back
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_group_failing_at_commit_keeps_raised_failures_and_runs_the_rest_alone(tables, asynchronous):
+    """After a group's COMMIT fails, the failures its handlers raised are recorded as they were
+    (their writes were undone with their savepoints), and its other jobs run again, one per
+    transaction: each is done once, only the job whose writes cannot commit fails, and no lane
+    error is logged."""
+    db = tables
+    _children(db)
+    payloads = [{"parent": None}, {"parent": None}, {"parent": None, "raise": True}, {"parent": 7}]
+    first, ok, raised, bad = q.enqueue_many(db.conn, "w", [*payloads, {"parent": None}])[:4]
+
+    def handler(job, conn):
+        _adopt(job, conn)
+        if job.payload.get("raise"):
+            raise RuntimeError("no luck")
+
+    async def ahandler(job, conn):
+        await _adopt_async(job, conn)
+        if job.payload.get("raise"):
+            raise RuntimeError("no luck")
+
+    worker = (aio.Worker if asynchronous else pglockkit.Worker)(
+        db.dsn, "w", ahandler if asynchronous else handler, batch=6, group=32, group_time=30
+    )
+    run = worker.run(exit_when_idle=True)  # the failed jobs' retries are not due yet
+    assert (asyncio.run(run) if asynchronous else run) == 5
+    assert worker.reconnects == 0
+    rows = dict(
+        (r[0], r[1:]) for r in db.conn.execute("SELECT id, status, attempt, last_error FROM pglockkit.jobs")
+    )
+    assert [rows[i][:2] for i in (raised, bad)] == [("queued", 1)] * 2, rows
+    assert "RuntimeError: no luck" in rows[raised][2] and "children" in rows[bad][2], rows
+    done = sorted(i for i, r in rows.items() if r[:2] == ("done", 1))
+    assert len(done) == 3 and first in done and ok in done, rows
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == done  # once each
+
+
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
 def test_a_handler_that_exits_or_meets_a_cancelled_task_fails_its_job_not_its_lane(tables, asynchronous):
     """sys.exit() in a handler (SystemExit) ended its lane's thread without a word: run() returned
