@@ -286,6 +286,14 @@ class Worker(WorkerBase):
             return outcome(conn, request, self.settings.exactly_once, exc)
         except (Exception, SystemExit) as exc:  # a library's sys.exit() too: the job fails
             return outcome(conn, request, self.settings.exactly_once, exc)
+        except BaseException as exc:
+            # A KeyboardInterrupt raised by code (a signal goes to run()'s handler, which stops the
+            # worker), a library's own BaseException: the job's failure too (it ended the worker,
+            # and the job, run again, ended the next one). Not GeneratorExit (the coroutine being
+            # closed), nor anything raised while the lane itself is being cancelled: those go on up.
+            if isinstance(exc, GeneratorExit) or (task.cancelling() and task not in self._interrupted):
+                raise
+            return outcome(conn, request, self.settings.exactly_once, exc)
         finally:
             self._in_handler.discard(task)
             if task in self._interrupted:  # the cancellation was delivered: the lane is not cancelled

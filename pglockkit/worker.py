@@ -287,9 +287,12 @@ class Worker(WorkerBase):
                 self.handler(request.job, conn)
             else:
                 self.handler(request.job)
-        except (Exception, SystemExit) as exc:
-            # SystemExit (a library's sys.exit()) too: it ended the lane's thread without a word,
-            # the job left running until its lease, and run() returned as if the queue were done.
+        except BaseException as exc:
+            # Whatever the handler raises fails its job. A BaseException (a library's sys.exit(),
+            # an asyncio.CancelledError out of an asyncio.run, a KeyboardInterrupt raised by code,
+            # a library's own unwinding exception) ended the lane's thread without a word, the
+            # job left running until its lease, and run() returned as if the queue were done. A
+            # lane thread gets no signal's KeyboardInterrupt: the main thread handles SIGINT.
             return outcome(conn, request, self.settings.exactly_once, exc)
         return outcome(conn, request, self.settings.exactly_once)
 

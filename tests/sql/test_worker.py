@@ -1168,3 +1168,83 @@ def test_a_statement_cancelled_by_the_roles_statement_timeout_is_a_lane_error_no
     assert all("connection lost" not in m for m in cancelled), cancelled
     assert any("lane error" in m for m in cancelled), cancelled
     assert worker.reconnects == len(cancelled)  # pauses, no new connection was needed
+
+
+class _Abort(BaseException):
+    """What some libraries raise to unwind a call (gevent.Timeout, trio.Cancelled are BaseException)."""
+
+
+def _cancelled_in_asyncio_run():
+    async def main():
+        sub = asyncio.ensure_future(asyncio.sleep(10))
+        sub.cancel()
+        await sub
+
+    asyncio.run(main())  # a sync handler driving a coroutine: CancelledError is a BaseException
+
+
+@pytest.mark.parametrize(
+    "raise_it",
+    [
+        _cancelled_in_asyncio_run,
+        lambda: (_ for _ in ()).throw(_Abort()),
+        lambda: (_ for _ in ()).throw(KeyboardInterrupt()),
+    ],
+    ids=["CancelledError", "BaseException", "KeyboardInterrupt"],
+)
+def test_a_sync_handler_raising_a_base_exception_fails_its_job_not_its_lane(tables, raise_it):
+    """SystemExit from a handler fails its job (tested above); any other BaseException (an
+    asyncio.CancelledError out of asyncio.run, a library's BaseException, KeyboardInterrupt raised
+    by code: a real Ctrl-C goes to the main thread, which the worker handles) ended its lane's
+    thread. With one lane, run() returned 0 as if the queue were drained, its 4 due jobs untouched
+    and the bad job left running until its lease; `pglockkit work` exited 0. With more lanes, the
+    process went on with one lane fewer, and the job, reclaimed, ended the next one."""
+    db = tables
+    bad, *rest = q.enqueue_many(db.conn, "w", [{"bad": True}] + [{}] * 4)
+
+    def handler(job, conn):
+        if job.payload.get("bad"):
+            raise_it()
+        conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    assert pglockkit.Worker(db.dsn, "w", handler, lease=30).run(exit_when_idle=True) == 5  # was 0
+    assert sorted(r[0] for r in db.conn.execute("SELECT job_id FROM done_log")) == sorted(rest)
+    status, attempt = db.conn.execute(
+        "SELECT status, attempt FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1)
+
+
+@pytest.mark.parametrize("raised", [_Abort, KeyboardInterrupt], ids=["BaseException", "KeyboardInterrupt"])
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_an_async_handler_raising_a_base_exception_fails_its_job_not_the_worker(tables, raised, exactly_once):
+    """In aio.Worker, a KeyboardInterrupt raised by a handler's code (a real Ctrl-C goes to run()'s
+    signal handler, which stops the worker) or a library's BaseException ended the lane's task and
+    run() raised it: the worker was gone, its jobs left running until their lease, and the job,
+    run again, ended the next worker. It fails its job like any error now."""
+    db = tables
+    bad, *rest = q.enqueue_many(db.conn, "w", [{"bad": True}] + [{}] * 4)
+
+    async def exactly(job, conn):
+        if job.payload.get("bad"):
+            raise raised()
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    seen = []
+
+    async def at_least(job):
+        if job.payload.get("bad"):
+            raise raised()
+        seen.append(job.id)
+
+    worker = aio.Worker(db.dsn, "w", exactly if exactly_once else at_least, lease=30)
+    assert asyncio.run(worker.run(exit_when_idle=True)) == 5
+    if exactly_once:
+        seen = [r[0] for r in db.conn.execute("SELECT job_id FROM done_log")]
+    assert sorted(seen) == sorted(rest)
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1) and raised.__name__ in error, (status, attempt, error)
