@@ -109,9 +109,19 @@ def takes_connection(handler: Callable[..., Any]) -> bool:
 
 
 def is_async(handler: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
-    )
+    """An ``async def``, an object with an async ``__call__``, or a ``functools.wraps`` wrapper of
+    one (a decorator written as a plain function hands back its coroutine: the sync worker closed
+    it unrun and recorded the job done)."""
+    try:
+        inner = inspect.unwrap(handler)
+    except ValueError:  # a cycle of __wrapped__
+        inner = handler
+    for fn in (handler, inner):
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+        ):
+            return True
+    return False
 
 
 ABORTED_BY_HANDLER = (

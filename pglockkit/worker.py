@@ -11,6 +11,7 @@ once or at least once) is ``pglockkit._lanes``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import threading
@@ -83,6 +84,20 @@ class _Heartbeat:
         self._stop.set()
         self._thread.join()
         self._conn.close()
+
+
+def returned_awaitable(result: Any) -> str:
+    """Why a job whose ``def`` handler returned ``result`` (a coroutine, say) fails. A coroutine is
+    closed, so that it is not reported "never awaited"."""
+    what = f"an awaitable ({type(result).__name__})"
+    if inspect.iscoroutine(result):
+        what = f"a coroutine ({result.__qualname__})"
+        result.close()
+    return (
+        f"the handler returned {what} instead of running it: an async def behind a plain function (a "
+        "decorator, a lambda, an object with a def __call__); make the wrapper async def, or wrap with "
+        "functools.wraps, and run it with pglockkit.aio.Worker (`pglockkit work` picks it for an async def)"
+    )
 
 
 class Worker(WorkerBase):
@@ -284,9 +299,11 @@ class Worker(WorkerBase):
         conn.start_job(request.savepoint)
         try:
             if self.settings.exactly_once:
-                self.handler(request.job, conn)
+                result = self.handler(request.job, conn)
             else:
-                self.handler(request.job)
+                result = self.handler(request.job)
+            if result is not None and inspect.isawaitable(result):
+                raise TypeError(returned_awaitable(result))
         except BaseException as exc:
             # Whatever the handler raises fails its job. A BaseException (a library's sys.exit(),
             # an asyncio.CancelledError out of an asyncio.run, a KeyboardInterrupt raised by code,

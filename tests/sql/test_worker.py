@@ -9,6 +9,7 @@ import contextlib
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import psycopg
@@ -1170,6 +1171,10 @@ def test_a_statement_cancelled_by_the_roles_statement_timeout_is_a_lane_error_no
     assert worker.reconnects == len(cancelled)  # pauses, no new connection was needed
 
 
+async def _record_async(job, conn):
+    await conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+
 class _Abort(BaseException):
     """What some libraries raise to unwind a call (gevent.Timeout, trio.Cancelled are BaseException)."""
 
@@ -1248,3 +1253,68 @@ def test_an_async_handler_raising_a_base_exception_fails_its_job_not_the_worker(
         "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
     ).fetchone()
     assert (status, attempt) == ("queued", 1) and raised.__name__ in error, (status, attempt, error)
+
+
+def test_a_sync_wrapper_of_an_async_handler_never_marks_a_job_done_without_running_it(tables):
+    """A decorator written as a plain function (functools.wraps around an `async def`, a lambda, an
+    object whose __call__ returns a coroutine) hides the coroutine: Worker took the handler for a
+    sync one, called it, dropped the coroutine unawaited (RuntimeWarning: never awaited) and
+    recorded the job done. Every job ended 'done' and its handler never ran: lost."""
+    import functools
+
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{}] * 3)
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @logged
+    async def handler(job, conn):
+        await conn.execute(
+            "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token)
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pglockkit.Worker(db.dsn, "w", handler).run(exit_when_idle=True)
+    done = {
+        r[0]
+        for r in db.conn.execute(
+            "SELECT id FROM pglockkit.jobs WHERE id = ANY(%s) AND status = 'done'", (ids,)
+        )
+    }
+    written = {r[0] for r in db.conn.execute("SELECT job_id FROM done_log")}
+    assert done <= written, f"jobs {sorted(done - written)} recorded done, their handler never ran"
+
+
+class _SyncCallReturningCoroutine:
+    def __call__(self, job):  # a def __call__ that hands back an async def's coroutine
+        return _record_async_alone(job)
+
+
+async def _record_async_alone(job):
+    raise AssertionError("never awaited by the threads worker")
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_def_handler_that_returns_a_coroutine_fails_its_job_and_says_why(tables, exactly_once):
+    """A wrapper that hides its async def from every look (a lambda, an object whose def __call__
+    returns the coroutine) is run by the threads worker: the coroutine it returns is closed, not
+    left 'never awaited', and the job fails (an attempt counted) with an error that names
+    pglockkit.aio.Worker, where it was recorded done without its body having run."""
+    db = tables
+    (job_id,) = q.enqueue_many(db.conn, "w", [{}])
+    handler = (lambda job, conn: _record_async(job, conn)) if exactly_once else _SyncCallReturningCoroutine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a coroutine never awaited would warn
+        assert pglockkit.Worker(db.dsn, "w", handler).run(exit_when_idle=True) == 1
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1), (status, error)
+    assert error.startswith("TypeError: the handler returned a coroutine") and "pglockkit.aio.Worker" in error
+    assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 0
