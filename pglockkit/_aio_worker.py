@@ -35,6 +35,7 @@ from pglockkit._lanes import (
     WorkerBase,
     is_async,
     outcome,
+    undecodable,
     worker_params,
 )
 from pglockkit.errors import PglockkitError
@@ -262,6 +263,8 @@ class Worker(WorkerBase):
             raise error
 
     async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
+        if (failed := undecodable(request, conn.info.encoding)) is not None:
+            return failed
         conn.start_job(request.savepoint)
         task = asyncio.current_task()
         assert task is not None

@@ -22,12 +22,13 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
+from psycopg.adapt import Loader
+from psycopg.pq import Format, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pglockkit import _nscache
 from pglockkit.connection import SERVER_KEEPALIVES
-from pglockkit.errors import InvalidArgument, LockTimeout, PoolerDetected, translated
+from pglockkit.errors import InvalidArgument, LockTimeout, PayloadNotDecodable, PoolerDetected, translated
 from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
 
 T = TypeVar("T")
@@ -61,6 +62,23 @@ class Call(Generic[T]):
     decode: Callable[[Rows], T] = _first
     done: Callable[[T, float], None] | None = None
     failed: Callable[[Exception, float], T] | None = None
+    adapt: Callable[[Any], None] | None = None  # changes the loaders of the cursor it runs on
+
+
+def _execute(conn: psycopg.Connection, call: Call[Any]) -> psycopg.Cursor:
+    if call.adapt is None:
+        return conn.execute(call.query, call.params)
+    cur = conn.cursor()
+    call.adapt(cur)
+    return cur.execute(call.query, call.params)
+
+
+async def _aexecute(conn: psycopg.AsyncConnection, call: Call[Any]) -> psycopg.AsyncCursor:
+    if call.adapt is None:
+        return await conn.execute(call.query, call.params)
+    cur = conn.cursor()
+    call.adapt(cur)
+    return await cur.execute(call.query, call.params)
 
 
 def run(conn: psycopg.Connection, call: Call[T]) -> T:
@@ -68,7 +86,7 @@ def run(conn: psycopg.Connection, call: Call[T]) -> T:
     started = time.monotonic()
     try:
         with translated():
-            rows = conn.execute(call.query, call.params).fetchall()
+            rows = _execute(conn, call).fetchall()
     except Exception as exc:
         if call.failed is None:
             raise
@@ -81,7 +99,7 @@ async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
     started = time.monotonic()
     try:
         with translated():
-            rows = await (await conn.execute(call.query, call.params)).fetchall()
+            rows = await (await _aexecute(conn, call)).fetchall()
     except Exception as exc:
         if call.failed is None:
             raise
@@ -99,7 +117,7 @@ def run_pipeline(conn: psycopg.Connection, calls: Sequence[Call[Any]]) -> tuple[
     try:
         with translated(), conn.pipeline():
             for call in calls:
-                cursors.append(conn.execute(call.query, call.params))
+                cursors.append(_execute(conn, call))
     except psycopg.OperationalError:
         raise
     except Exception as exc:
@@ -119,7 +137,7 @@ async def arun_pipeline(
         with translated():
             async with conn.pipeline():
                 for call in calls:
-                    cursors.append(await conn.execute(call.query, call.params))
+                    cursors.append(await _aexecute(conn, call))
     except psycopg.OperationalError:
         raise
     except Exception as exc:
@@ -805,12 +823,70 @@ def enqueue_many(
     )
 
 
-def claim(queue: str, worker: str, lease: float | timedelta, batch: int) -> Call[list[Job]]:
+class UndecodablePayload:
+    """A claimed job's payload that PostgreSQL stored and the client's JSON loader cannot decode
+    (an integer over Python's 4,300-digit limit, arrays nested past the recursion limit):
+    ``error`` is what the loader raised. A worker fails the job with it; its handler never runs."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<undecodable payload: {first_line(self.error)}>"
+
+
+class _TolerantJsonbLoader(Loader):
+    """The jsonb loader in use (json.loads, or what set_json_loads gave, globally or to the
+    connection), returning an ``UndecodablePayload`` where it raises: one bad payload made the
+    whole claim's fetch raise after the claim had committed, and its batch went back only by
+    lease, an attempt burnt."""
+
+    def __init__(self, oid: int, context: Any = None):
+        super().__init__(oid, context)
+        adapters = self.connection.adapters if self.connection is not None else psycopg.adapters
+        self._load = adapters.get_loader(oid, Format.TEXT)(oid, context).load
+
+    def load(self, data: Any) -> Any:
+        try:
+            return self._load(data)
+        except Exception as exc:  # ValueError, RecursionError: whatever the loads raised
+            return UndecodablePayload(exc)
+
+
+def _tolerant_payloads(cur: Any) -> None:
+    cur.adapters.register_loader("jsonb", _TolerantJsonbLoader)
+
+
+def _jobs(rows: Rows) -> list[Job]:
+    return [Job(*row) for row in rows]
+
+
+def _decoded_jobs(rows: Rows) -> list[Job]:
+    jobs = _jobs(rows)
+    bad = [job for job in jobs if isinstance(job.payload, UndecodablePayload)]
+    if bad:
+        raise PayloadNotDecodable(
+            f"job {bad[0].id}'s payload cannot be decoded here ({first_line(bad[0].payload.error)}); "
+            f"this claim holds {len(jobs)} job(s) until their lease ends: fail or release each "
+            "(the error's jobs)",
+            jobs=jobs,
+        )
+    return jobs
+
+
+def claim(
+    queue: str, worker: str, lease: float | timedelta, batch: int, *, tolerant: bool = False
+) -> Call[list[Job]]:
+    """``tolerant`` (a worker's claim): a payload the JSON loader cannot decode comes as an
+    ``UndecodablePayload``; else the claim raises ``PayloadNotDecodable``."""
     return Call(
         "SELECT id, queue, payload, attempt, max_attempts, token, lease_expires_at, concurrency_key "
         "FROM pglockkit.claim_job(%s, %s, %s, %s)",
         (queue, worker, seconds(lease), int4("batch", batch)),
-        decode=lambda rows: [Job(*row) for row in rows],
+        decode=_jobs if tolerant else _decoded_jobs,
+        adapt=_tolerant_payloads,
     )
 
 

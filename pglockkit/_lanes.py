@@ -155,6 +155,17 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException |
     return Outcome(None, used)
 
 
+def undecodable(request: Handle, encoding: str) -> Outcome | None:
+    """The outcome of a job whose payload the worker could not decode (``UndecodablePayload``): a
+    failure, its handler not run; None for any other job."""
+    payload = request.job.payload
+    if type(payload) is not _calls.UndecodablePayload:
+        return None
+    return Outcome(f"{UNDECODABLE}: {error_text(payload.error, encoding)}")
+
+
+UNDECODABLE = "the handler did not run: this worker's JSON loader cannot decode the job's payload"
+
 HANDLER_ENDED_TRANSACTION = (
     "the handler ended the worker's transaction (COMMIT or ROLLBACK); a handler must leave it open: "
     "its writes commit with the job's completion"
@@ -522,7 +533,7 @@ class Lane:
         return self.budget.take(n)
 
     def _claim(self, n: int) -> Call[list[Job]]:
-        return _calls.claim(self.s.queue, self.s.name, self.s.lease, n)
+        return _calls.claim(self.s.queue, self.s.name, self.s.lease, n, tolerant=True)
 
     def _took(self, jobs: list[Job], asked: int) -> None:
         self.budget.give_back(asked - len(jobs))

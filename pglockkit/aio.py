@@ -428,7 +428,8 @@ async def enqueue_many(
 async def claim(
     conn: psycopg.AsyncConnection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
 ) -> list[Job]:
-    """Claim up to ``batch`` jobs; never waits on other claimers."""
+    """Claim up to ``batch`` jobs; never waits on other claimers. A payload the JSON loader cannot
+    decode raises ``PayloadNotDecodable`` after the claim, its ``jobs`` the batch claimed."""
     return await _calls.arun(conn, _calls.claim(queue, worker, lease, batch))
 
 

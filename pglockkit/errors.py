@@ -35,6 +35,18 @@ class LimitExceeded(InvalidArgument):
     sqlstate = "54000"
 
 
+class PayloadNotDecodable(PglockkitError, ValueError):
+    """A claimed job's payload is valid jsonb that this client's JSON loader cannot decode (an
+    integer over Python's 4,300 digits, arrays nested past the recursion limit), raised by
+    ``pglockkit.queue.claim`` after the claim. ``jobs`` are the claimed jobs (the undecodable
+    payloads as ``pglockkit._calls.UndecodablePayload``): fail or release them, or they wait for
+    their lease. A worker fails such a job instead, and runs the others."""
+
+    def __init__(self, message: str, *, jobs: list):
+        super().__init__(message)
+        self.jobs = jobs
+
+
 class UnknownObject(PglockkitError, LookupError):
     """Something named by the call does not exist (42704). The server's error says where it
     looked (its schema and table fields); the subclasses below are chosen from that."""

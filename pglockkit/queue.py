@@ -95,7 +95,8 @@ def enqueue_many(
 def claim(
     conn: psycopg.Connection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
 ) -> list[Job]:
-    """Claim up to ``batch`` jobs; never waits on other claimers."""
+    """Claim up to ``batch`` jobs; never waits on other claimers. A payload the JSON loader cannot
+    decode raises ``PayloadNotDecodable`` after the claim, its ``jobs`` the batch claimed."""
     return _calls.run(conn, _calls.claim(queue, worker, lease, batch))
 
 

@@ -41,6 +41,7 @@ from pglockkit._lanes import (
     WorkerBase,
     is_async,
     outcome,
+    undecodable,
     worker_params,
 )
 from pglockkit.errors import PglockkitError
@@ -296,6 +297,8 @@ class Worker(WorkerBase):
                 gen.close()
 
     def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
+        if (failed := undecodable(request, conn.info.encoding)) is not None:
+            return failed
         conn.start_job(request.savepoint)
         try:
             if self.settings.exactly_once:

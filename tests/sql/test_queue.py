@@ -1319,3 +1319,37 @@ def test_racing_enqueues_of_one_dedup_key_make_one_job_while_workers_finish_it(d
         "SELECT id FROM pglockkit.jobs WHERE queue = 'race' AND dedup_key = 'one' ORDER BY id"
     ).fetchall()
     assert {i for (i,) in jobs} == {i for i, _ in answers}  # every job of the key was some enqueue's answer
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "aio"])
+def test_claim_of_a_payload_python_cannot_decode_raises_with_the_claimed_jobs(db, asynchronous):
+    """A payload PostgreSQL stores and Python's json cannot load (arrays nested 5,000 deep: a
+    RecursionError) raised json's own error out of claim, the batch claimed and in nobody's hand
+    until its lease. PayloadNotDecodable names the job and carries the batch, to fail or release."""
+    import asyncio
+
+    from pglockkit import aio
+
+    good = q.enqueue(db.conn, "q", {"n": 1})
+    bad = db.conn.execute(
+        "SELECT pglockkit.enqueue_job('q', "
+        "('{\"n\": ' || repeat('[', 5000) || repeat(']', 5000) || '}')::jsonb)"
+    ).fetchone()[0]
+    if asynchronous:
+
+        async def claim():
+            async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
+                return await aio.claim(conn, "q", "w", batch=5)
+
+        with pytest.raises(pglockkit.PayloadNotDecodable) as caught:
+            asyncio.run(claim())
+    else:
+        with pytest.raises(pglockkit.PayloadNotDecodable) as caught:
+            q.claim(db.conn, "q", "w", batch=5)
+    assert f"job {bad}'s payload cannot be decoded" in str(caught.value), caught.value
+    assert "recursion" in str(caught.value)
+    jobs = {job.id: job for job in caught.value.jobs}
+    assert jobs.keys() == {good, bad} and jobs[good].payload == {"n": 1}
+    assert q.fail(db.conn, jobs[bad], str(caught.value)) == "queued" and q.release(db.conn, jobs[good])
+    [again] = q.claim(db.conn, "q", "w")  # the good one, given back: claimable at once
+    assert again.id == good

@@ -1171,8 +1171,57 @@ def test_a_statement_cancelled_by_the_roles_statement_timeout_is_a_lane_error_no
     assert worker.reconnects == len(cancelled)  # pauses, no new connection was needed
 
 
+def _run_in_thread(worker) -> threading.Thread:
+    """Run ``worker`` (sync or aio) until ``worker.stop()``."""
+    if isinstance(worker, aio.Worker):
+        thread = threading.Thread(target=lambda: asyncio.run(worker.run()))
+    else:
+        thread = threading.Thread(target=worker.run)
+    thread.start()
+    return thread
+
+
 async def _record_async(job, conn):
     await conn.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_payload_python_cannot_decode_fails_its_job_not_the_batch_claimed_with_it(tables, asynchronous):
+    """A payload that PostgreSQL stores but Python's json cannot load (an integer of 5,000 digits:
+    over int's 4,300-digit limit for str conversion; another client enqueued it) made the claim's
+    result raise after the claim had committed. Every job of that batch was left running, in no
+    lane's hand: each came back only by its lease, burned an attempt, was claimed in a batch with
+    the bad one again, and died with 'lease expired' without ever running."""
+    db = tables
+    good = q.enqueue_many(db.conn, "w", [{}] * 4)
+    bad = db.conn.execute(
+        "SELECT pglockkit.enqueue_job('w', ('{\"n\": 1' || repeat('0', 5000) || '}')::jsonb)"
+    ).fetchone()[0]
+    good += q.enqueue_many(db.conn, "w", [{}] * 4)
+    handler = _record_async if asynchronous else record
+    worker = (aio.Worker if asynchronous else pglockkit.Worker)(db.dsn, "w", handler, lease=1, batch=32)
+    thread = _run_in_thread(worker)
+    try:
+        deadline = time.monotonic() + 8  # the bad batch's 5 attempts are spent in about 5 s
+        while (
+            time.monotonic() < deadline
+            and db.conn.execute(
+                "SELECT count(*) FROM pglockkit.jobs WHERE id = ANY(%s) AND status <> 'done'", (good,)
+            ).fetchone()[0]
+        ):
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(20)
+    rows = db.conn.execute(
+        "SELECT id, status, attempt, last_error FROM pglockkit.jobs WHERE id = ANY(%s) ORDER BY id", (good,)
+    ).fetchall()
+    assert [r[1:3] for r in rows] == [("done", 1)] * 8, rows  # was ('dead', 5, 'lease expired')
+    assert db.conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone() == (8, 8)
+    status, error = db.conn.execute(
+        "SELECT status, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert error is not None and error != "lease expired", (status, error)  # says why it cannot run
 
 
 class _Abort(BaseException):
@@ -1318,3 +1367,52 @@ def test_a_def_handler_that_returns_a_coroutine_fails_its_job_and_says_why(table
     assert (status, attempt) == ("queued", 1), (status, error)
     assert error.startswith("TypeError: the handler returned a coroutine") and "pglockkit.aio.Worker" in error
     assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_payload_too_deep_for_json_fails_without_running_and_set_json_loads_still_holds(
+    tables, asynchronous
+):
+    """Arrays nested 5,000 deep are jsonb to PostgreSQL and a RecursionError to json.loads: the job
+    fails (an attempt counted) with an error that says its handler did not run, and the jobs
+    around it run. The payloads still go through the JSON loader psycopg was given
+    (set_json_loads: Decimal for floats here)."""
+    import decimal
+    import functools
+    import json
+
+    from psycopg.types.json import set_json_loads
+
+    db = tables
+    good = q.enqueue_many(db.conn, "w", [{"price": 1.5}] * 3)
+    bad = db.conn.execute(
+        "SELECT pglockkit.enqueue_job('w', "
+        "('{\"n\": ' || repeat('[', 5000) || repeat(']', 5000) || '}')::jsonb)"
+    ).fetchone()[0]
+    prices = []
+
+    def handler(job, conn):
+        prices.append(job.payload["price"])
+
+    async def ahandler(job, conn):
+        prices.append(job.payload["price"])
+
+    set_json_loads(functools.partial(json.loads, parse_float=decimal.Decimal))
+    try:
+        cls, h = (aio.Worker, ahandler) if asynchronous else (pglockkit.Worker, handler)
+        run = cls(db.dsn, "w", h, lease=30, batch=8).run(exit_when_idle=True)
+        assert (asyncio.run(run) if asynchronous else run) == 4
+    finally:
+        set_json_loads(json.loads)
+    assert prices == [decimal.Decimal("1.5")] * 3
+    rows = db.conn.execute(
+        "SELECT status, attempt FROM pglockkit.jobs WHERE id = ANY(%s)", (good,)
+    ).fetchall()
+    assert rows == [("done", 1)] * 3
+    status, attempt, error = db.conn.execute(
+        "SELECT status, attempt, last_error FROM pglockkit.jobs WHERE id = %s", (bad,)
+    ).fetchone()
+    assert (status, attempt) == ("queued", 1), (status, error)
+    assert error.startswith("the handler did not run: this worker's JSON loader cannot decode") and (
+        "RecursionError" in error
+    ), error
