@@ -109,19 +109,13 @@ def takes_connection(handler: Callable[..., Any]) -> bool:
 
 
 def is_async(handler: Callable[..., Any]) -> bool:
-    """An ``async def``, an object with an async ``__call__``, or a ``functools.wraps`` wrapper of
-    one (a decorator written as a plain function hands back its coroutine: the sync worker closed
-    it unrun and recorded the job done)."""
-    try:
-        inner = inspect.unwrap(handler)
-    except ValueError:  # a cycle of __wrapped__
-        inner = handler
-    for fn in (handler, inner):
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
-        ):
-            return True
-    return False
+    """An ``async def`` or an object with an async ``__call__``. Not a plain function that wraps
+    one (``functools.wraps`` says what it wraps, not what it returns: asgiref's ``async_to_sync``,
+    or a ``def`` that runs ``asyncio.run``, is sync); a plain function that returns a coroutine
+    fails its job with a ``TypeError`` that names ``pglockkit.aio.Worker`` (``worker.py``)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
 
 
 ABORTED_BY_HANDLER = (

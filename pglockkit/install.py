@@ -95,6 +95,7 @@ class _MigrationBackend(get_backend_class("postgresql+psycopg")):
     def init_connection(self, connection) -> None:
         super().init_connection(connection)
         connection.execute(f"SET lock_timeout = {MIGRATION_LOCK_WAIT_MS}")
+        _act_as_owner(connection)
 
 
 def _backend(dsn: str):
@@ -132,6 +133,7 @@ class _InstallLock:
             _require_owner(self.conn, self.verb)  # another role may have installed it meanwhile
             if self.create_schema:
                 self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {MIGRATIONS_SCHEMA}")
+            _act_as_owner(self.conn)
         except BaseException:
             self.conn.close()
             raise
@@ -170,6 +172,20 @@ def _require_owner(conn: psycopg.Connection, verb: str) -> None:
     owner = _kit_owner(conn)
     if owner is not None:
         raise _not_owner(owner, verb, conn)
+
+
+def _act_as_owner(conn: psycopg.Connection) -> None:
+    """Once the kit exists, run as the role that owns it (``SET ROLE``) when that is another: a
+    superuser or a member of the owner's role may install and upgrade, but what a migration
+    creates (a table, a function) would be theirs, and the kit's SECURITY DEFINER functions, which
+    run as the owner, could not use it (0017's lock_sightings: sample() failed with 42501)."""
+    row = conn.execute(
+        "SELECT n.nspowner::pg_catalog.regrole::text FROM pg_catalog.pg_namespace n"
+        " WHERE n.nspname = 'pglockkit' AND n.nspowner <> (SELECT r.oid FROM pg_catalog.pg_roles r"
+        "  WHERE r.rolname = current_user)"
+    ).fetchone()
+    if row is not None:
+        conn.execute(f"SET ROLE {row[0]}")  # regrole's text is the name quoted as needed
 
 
 def _adopt_bundle(conn: psycopg.Connection, backend, migrations) -> list[str]:

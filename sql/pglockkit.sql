@@ -4031,15 +4031,22 @@ COMMENT ON VIEW pglockkit.lock_history IS
 CREATE VIEW pglockkit.queue_history AS SELECT * FROM pglockkit.queue_samples;
 COMMENT ON VIEW pglockkit.queue_history IS 'Queue depth and lag recorded by sample().';
 
+-- Only what is still held now, by the session that was seen holding it (its backend_start, where
+-- the reader may see it): a sighting outlives its lock when sample() stops running.
 CREATE VIEW pglockkit.lock_holds AS
-SELECT s.namespace, s.key, s.key1, s.key2, s.pid, a.application_name, a.usename AS "user", a.state,
+SELECT s.namespace, s.key, s.key1, s.key2, s.pid, al.application_name, al."user", al.state,
        s.first_seen AS held_since, s.last_seen,
        s.last_seen OPERATOR(pg_catalog.-) s.first_seen AS held_for,
-       coalesce(a.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
+       coalesce(al.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
   FROM pglockkit.lock_sightings s
-  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) s.pid;
+  JOIN pglockkit.advisory_locks al
+    ON al.granted AND al.pid OPERATOR(pg_catalog.=) s.pid AND al.namespace OPERATOR(pg_catalog.=) s.namespace
+   AND al.key IS NOT DISTINCT FROM s.key AND al.key1 IS NOT DISTINCT FROM s.key1 AND al.key2 IS NOT DISTINCT FROM s.key2
+  JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) s.pid
+   AND (a.backend_start IS NULL OR a.backend_start OPERATOR(pg_catalog.=) s.backend_start
+        OR s.backend_start OPERATOR(pg_catalog.=) '-infinity');
 COMMENT ON VIEW pglockkit.lock_holds IS
-    'How long each advisory lock held at the last sample() had been held by its session: held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). Empty unless sample() runs. dedicated: as in idle_lock_holders.';
+    'How long each advisory lock held now had been held by its session at the last sample(): held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). A lock let go since, or a session gone, is not listed, even when sample() has stopped running. Empty unless sample() runs. dedicated: as in idle_lock_holders.';
 
 CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -653,3 +653,46 @@ def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, mon
         with psycopg.connect(server.dsn(), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             admin.execute(f"DROP ROLE IF EXISTS {owner}")
+
+
+@pytest.mark.parametrize("upgrader", ["superuser", "member"])
+def test_an_upgrade_run_by_a_member_of_the_owner_or_a_superuser_leaves_sample_working(
+    server, empty_db, upgrader
+):
+    """NotOwner (2840f89) lets 'the owner, a member of its role, or a superuser' install, and
+    docs/install.md says a member of the owner's role runs every later install. install does not
+    SET ROLE to the owner: what a migration creates is owned by whoever ran it. 0017 creates the
+    table lock_sightings, which sample() (SECURITY DEFINER, still the owner's) writes: after an
+    upgrade by a superuser or a member, sample() fails with 42501 for every caller, so the
+    contention history, the queue lag history and the new hold times all stop."""
+    dbname = conninfo_to_dict(empty_db)["dbname"]
+    owner, deployer = f"up_owner_{upgrader}", f"up_deployer_{upgrader}"
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {deployer}")
+        conn.execute(f"DROP ROLE IF EXISTS {owner}")
+        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB")
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO {owner}')
+        conn.execute(f"CREATE ROLE {deployer} LOGIN IN ROLE {owner}")
+    try:
+        owner_dsn = make_conninfo(empty_db, user=f"{owner}")
+        _apply_chain(owner_dsn, upto="0016_schedules_and_rate_waits")  # installed by the owner, before 0017
+        upgrade_dsn = empty_db if upgrader == "superuser" else make_conninfo(empty_db, user=f"{deployer}")
+        assert pglockkit.install(upgrade_dsn) == ["0017_monitoring_names_what_it_sees"]
+        with psycopg.connect(owner_dsn, autocommit=True) as conn:
+            owners = conn.execute(
+                "SELECT relname, relowner::regrole::text FROM pg_class "
+                "WHERE relnamespace = 'pglockkit'::regnamespace"
+                " AND relname IN ('lock_sightings', 'lock_samples')"
+                " ORDER BY 1"
+            ).fetchall()
+            try:
+                conn.execute("SELECT pglockkit.sample()")
+            except psycopg.errors.InsufficientPrivilege as exc:
+                pytest.fail(f"sample() after an upgrade by the {upgrader}: {exc}; owners {owners}")
+    finally:
+        with psycopg.connect(empty_db, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+            conn.execute(f"DROP ROLE {deployer}")
+            conn.execute(f"DROP ROLE {owner}")

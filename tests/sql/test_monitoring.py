@@ -726,3 +726,28 @@ def test_lock_holds_tells_how_long_a_lock_has_been_held_whatever_its_session_doe
         assert again[4] == timedelta(0)
         findings = monitor.doctor(db.conn, held_after=timedelta(seconds=1))
     assert not [f for f in findings if f.check == "long-held lock"]  # held for 0 s since taken again
+
+
+def test_doctor_does_not_report_a_long_hold_whose_lock_is_gone_once_sampling_stopped(db, ns):
+    """lock_holds is what the last sample() saw. Once sampling stops (the `pglockkit sample` pod
+    gone, the pg_cron job disabled), its rows stay: doctor kept reporting a lock released long
+    ago, by a session that has ended, as held 'now', and advised pg_terminate_backend of its pid
+    (which the server may have given to another session since). docs/monitoring.md: 'nothing is
+    reported where sample() does not run'."""
+    with db.connect() as holder:
+        pid = holder.info.backend_pid
+        holder.execute("SELECT pglockkit.try_lock(%s, 'nightly')", (ns,))
+        db.conn.execute("SELECT pglockkit.sample()")
+        time.sleep(1.2)
+        db.conn.execute("SELECT pglockkit.sample()")  # the last sample: then sampling stops
+    deadline = time.monotonic() + 10  # the holder's session has ended, its lock with it
+    while db.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (
+        db.conn.execute("SELECT count(*) FROM pglockkit.advisory_locks WHERE pid = %s", (pid,)).fetchone()[0]
+        == 0
+    )
+    findings = monitor.doctor(db.conn, held_after=timedelta(seconds=1))
+    stale = [f for f in findings if f.check == "long-held lock"]
+    assert stale == [], [(f.message, f.fix) for f in stale]

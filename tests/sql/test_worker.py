@@ -1416,3 +1416,47 @@ def test_a_payload_too_deep_for_json_fails_without_running_and_set_json_loads_st
     assert error.startswith("the handler did not run: this worker's JSON loader cannot decode") and (
         "RecursionError" in error
     ), error
+
+
+def _run_synchronously(fn):
+    """A sync adapter of an async def, as people write one (asgiref's async_to_sync does the same
+    for methods: functools.update_wrapper on its bound partial): functools.wraps, then run the
+    coroutine to its end in the calling thread."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args):
+        return asyncio.run(fn(*args))
+
+    return run
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "at_least_once"])
+def test_a_functools_wraps_sync_adapter_of_an_async_def_still_runs_on_threads(tables, exactly_once):
+    """abf8312 made is_async look through __wrapped__: a functools.wraps wrapper of an async def
+    is taken for async and pglockkit.Worker hands it to aio.Worker. A wrapper that is a sync
+    adapter (it runs the coroutine itself with asyncio.run, or asgiref's async_to_sync on a
+    method) then runs inside the event loop: asyncio.run raises 'cannot be called from a running
+    event loop', and every job fails. It ran on the threads worker before."""
+    db = tables
+    ids = q.enqueue_many(db.conn, "w", [{}] * 3)
+
+    async def body(job, conn=None):
+        await asyncio.sleep(0)
+        with psycopg.connect(db.dsn, autocommit=True) as c:
+            c.execute("INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)", (job.id, job.token))
+
+    if exactly_once:
+
+        async def handler(job, conn):
+            await body(job)
+    else:
+
+        async def handler(job):
+            await body(job)
+
+    assert pglockkit.Worker(db.dsn, "w", _run_synchronously(handler)).run(exit_when_idle=True) == 3
+    rows = db.conn.execute(
+        "SELECT status, last_error FROM pglockkit.jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
+    ).fetchall()
+    assert rows == [("done", None)] * 3, rows
