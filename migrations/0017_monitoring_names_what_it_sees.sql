@@ -17,6 +17,12 @@
 --   A lock's hold time was its holder's state age, which restarts at each transaction: a session
 --   lock leaked on a busy pooled server session never showed (seed: alert on locks held longer
 --   than expected).
+-- * From other clients' SQL (review of SQL-first use): every cron expression was refused (22023)
+--   in a session with standard_conforming_strings off, which read the parsers' '\s+' as 's+'
+--   (their regular expressions take no backslash now); contention_report(NULL) returned an empty
+--   report (22004 now, 22023 for a negative since); release_lease's NULL error named a ttl it
+--   does not take; decode_key called a key of namespace 0 (pg_advisory_lock(42)) an integer key
+--   (foreign now) and a NULL key one too.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -229,6 +235,259 @@ $$;
 COMMENT ON FUNCTION pglockkit.sample(interval) IS
     'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
 
+-- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
+CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF since < interval '0' THEN
+        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
+    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
+
+CREATE OR REPLACE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
+RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,
+               samples_with_waiters bigint, max_waiters integer, avg_waiters numeric, longest_wait interval,
+               holder_queries text[], namespace_sessions numeric, namespace_parallelism numeric)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH window_ AS (
+        SELECT s.* FROM pglockkit.lock_history s
+         WHERE s.sampled_at OPERATOR(pg_catalog.>=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) contention_report.since)
+           AND pglockkit._invalid_since(contention_report.since) IS NULL
+    ), per_ns AS (
+        -- Per namespace and sample: sessions involved (holding or waiting) vs sessions holding.
+        SELECT w.namespace, w.sampled_at,
+               pg_catalog.sum(w.holders OPERATOR(pg_catalog.+) w.waiters) AS sessions, pg_catalog.sum(w.holders) AS holding
+          FROM window_ w GROUP BY w.namespace, w.sampled_at
+    ), ns AS (
+        SELECT p.namespace, pg_catalog.round(pg_catalog.avg(p.sessions), 2) AS sessions,
+               pg_catalog.round(pg_catalog.avg(p.holding::numeric OPERATOR(pg_catalog./) p.sessions), 3) AS parallelism
+          FROM per_ns p GROUP BY p.namespace
+    )
+    SELECT w.namespace, w.key, w.key1, w.key2, pg_catalog.count(*),
+           pg_catalog.count(*) FILTER (WHERE w.waiters > 0),
+           pg_catalog.max(w.waiters), pg_catalog.round(pg_catalog.avg(w.waiters), 2), pg_catalog.max(w.longest_wait),
+           (SELECT pg_catalog.array_agg(DISTINCT q) FROM window_ w2, pg_catalog.unnest(w2.holder_queries) AS q
+             WHERE w2.namespace = w.namespace AND w2.key IS NOT DISTINCT FROM w.key
+               AND w2.key1 IS NOT DISTINCT FROM w.key1 AND w2.key2 IS NOT DISTINCT FROM w.key2),
+           ns.sessions, ns.parallelism
+      FROM window_ w JOIN ns ON ns.namespace = w.namespace
+     GROUP BY w.namespace, w.key, w.key1, w.key2, ns.sessions, ns.parallelism
+     ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters > 0) DESC, pg_catalog.max(w.waiters) DESC
+$$;
+COMMENT ON FUNCTION pglockkit.contention_report(interval) IS
+    'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); 22004 for a NULL since, 22023 for a negative one; per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';
+
+CREATE OR REPLACE FUNCTION pglockkit._cron_field(expr text, field text, lo integer, hi integer, names text[] DEFAULT NULL)
+RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_item  text;
+    v_range text;
+    v_ends  text[];
+    v_step  integer := 1;
+    v_bound integer[];
+    v_out   integer[] := '{}';
+    -- `*` and `a/n` end here: day-of-week accepts 7 for Sunday, but its whole range is 0-6.
+    v_top   integer := CASE WHEN field = 'day-of-week' THEN 6 ELSE hi END;
+    v_end   text;
+    v_val   integer;
+BEGIN
+    IF expr = '' THEN
+        RAISE EXCEPTION 'cron % field is empty', field USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH v_item IN ARRAY pg_catalog.string_to_array(expr, ',') LOOP
+        IF v_item !~ '^([*]|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$' THEN
+            RAISE EXCEPTION 'cron % field: "%" is not a value, a range or a step', field, v_item
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Each comma-separated item is *, a value, a range a-b, each optionally followed by /step.';
+        END IF;
+        v_range := pg_catalog.split_part(v_item, '/', 1);
+        IF pg_catalog.strpos(v_item, '/') > 0 THEN
+            IF pg_catalog.length(pg_catalog.split_part(v_item, '/', 2)) > 4
+               OR pg_catalog.split_part(v_item, '/', 2)::integer NOT BETWEEN 1 AND (hi - lo + 1) THEN
+                RAISE EXCEPTION 'cron % field: step in "%" is out of range', field, v_item
+                    USING ERRCODE = 'invalid_parameter_value',
+                          HINT = pg_catalog.format('A %s step is 1 to %s.', field, hi - lo + 1);
+            END IF;
+            v_step := pg_catalog.split_part(v_item, '/', 2)::integer;
+        ELSE
+            v_step := 1;
+        END IF;
+        IF v_range = '*' THEN
+            v_bound := ARRAY[lo, v_top];
+        ELSE
+            v_ends := pg_catalog.string_to_array(v_range, '-');
+            v_bound := '{}';
+            FOREACH v_end IN ARRAY v_ends LOOP
+                IF v_end ~ '^[0-9]+$' THEN
+                    v_val := CASE WHEN pg_catalog.length(v_end) > 4 THEN -1 ELSE v_end::integer END;
+                ELSE
+                    v_val := pg_catalog.array_position(names, pg_catalog.upper(v_end)) + lo - 1;
+                    IF v_val IS NULL THEN
+                        RAISE EXCEPTION 'cron % field: "%" is not a number or a name', field, v_end
+                            USING ERRCODE = 'invalid_parameter_value',
+                                  HINT = CASE WHEN names IS NULL THEN pg_catalog.format('A %s is a number.', field)
+                                              ELSE pg_catalog.format('Names of the %s field: %s.', field, pg_catalog.array_to_string(names, ', ')) END;
+                    END IF;
+                END IF;
+                IF v_val NOT BETWEEN lo AND hi THEN
+                    RAISE EXCEPTION 'cron % field: % is out of range', field, v_end
+                        USING ERRCODE = 'invalid_parameter_value',
+                              HINT = pg_catalog.format('A %s is %s to %s.', field, lo, hi);
+                END IF;
+                v_bound := v_bound || v_val;
+            END LOOP;
+            IF pg_catalog.cardinality(v_bound) = 1 THEN
+                -- `a/n` runs from a to the end of the field's range (as croniter does).
+                v_bound := v_bound || CASE WHEN v_step > 1 OR pg_catalog.strpos(v_item, '/') > 0 THEN v_top ELSE v_bound[1] END;
+            END IF;
+            IF v_bound[1] > v_bound[2] THEN
+                RAISE EXCEPTION 'cron % field: the range "%" runs backwards', field, v_range
+                    USING ERRCODE = 'invalid_parameter_value', HINT = 'Write a range low-high, or a list of two ranges.';
+            END IF;
+        END IF;
+        v_out := v_out || ARRAY(SELECT pg_catalog.generate_series(v_bound[1], v_bound[2], v_step));
+    END LOOP;
+    IF field = 'day-of-week' THEN
+        v_out := ARRAY(SELECT x % 7 FROM pg_catalog.unnest(v_out) x);  -- 7 is Sunday too
+    END IF;
+    RETURN ARRAY(SELECT DISTINCT x FROM pg_catalog.unnest(v_out) x ORDER BY x);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pglockkit._cron_parse(cron text) RETURNS pglockkit.cron_spec
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_expr   text;
+    v_fields text[];
+    v_spec   pglockkit.cron_spec;
+BEGIN
+    IF cron IS NULL THEN
+        RAISE EXCEPTION 'cron must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.octet_length(cron) > 1024 THEN
+        RAISE EXCEPTION 'cron expression is % bytes, at most 1024', pg_catalog.octet_length(cron)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_expr := pg_catalog.lower(pg_catalog.btrim(cron, E' \t\n\r'));
+    v_expr := CASE v_expr
+        WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *'
+        WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
+        WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
+        WHEN '@hourly' THEN '0 * * * *' ELSE v_expr END;
+    v_fields := pg_catalog.regexp_split_to_array(v_expr, '[[:space:]]+');
+    IF v_expr = '' OR pg_catalog.cardinality(v_fields) <> 5 THEN
+        RAISE EXCEPTION 'cron expression "%" has % fields, not 5', cron, CASE WHEN v_expr = '' THEN 0 ELSE pg_catalog.cardinality(v_fields) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The fields are: minute hour day-of-month month day-of-week, e.g. ''*/15 9-17 * * mon-fri''; or @hourly, @daily, @weekly, @monthly, @yearly.';
+    END IF;
+    v_spec.minutes  := pglockkit._cron_field(v_fields[1], 'minute', 0, 59);
+    v_spec.hours    := pglockkit._cron_field(v_fields[2], 'hour', 0, 23);
+    v_spec.days     := pglockkit._cron_field(v_fields[3], 'day-of-month', 1, 31);
+    v_spec.months   := pglockkit._cron_field(v_fields[4], 'month', 1, 12,
+        '{JAN,FEB,MAR,APR,MAY,JUN,JUL,AUG,SEP,OCT,NOV,DEC}');
+    v_spec.weekdays := pglockkit._cron_field(v_fields[5], 'day-of-week', 0, 7,
+        '{SUN,MON,TUE,WED,THU,FRI,SAT}');
+    -- Restricted means written other than `*` (or a list of `*`s): croniter's reading, so `*/1`
+    -- and `0-6` restrict although they name every value.
+    v_spec.days_or := v_fields[3] !~ '^[*](,[*])*$' AND v_fields[5] !~ '^[*](,[*])*$';
+    -- Days of the month ANDed with every weekday: some listed day must exist in a listed month.
+    IF NOT v_spec.days_or AND NOT EXISTS (
+        SELECT FROM pg_catalog.unnest(v_spec.days) d, pg_catalog.unnest(v_spec.months) m
+         WHERE d <= (ARRAY[31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[m]) THEN
+        RAISE EXCEPTION 'cron expression "%" never matches: its day-of-month field names no day of its months', cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN v_spec;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pglockkit.release_lease(name text, holder text, token bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bound boolean;
+    v_key   bigint;
+BEGIN
+    UPDATE pglockkit.leases l
+       SET released_at = pg_catalog.clock_timestamp()
+     WHERE l.name = release_lease.name
+       AND l.holder = release_lease.holder
+       AND l.token = release_lease.token
+       AND l.released_at IS NULL
+       AND l.expires_at > pg_catalog.clock_timestamp()
+       AND NOT l.session_bound
+       AND release_lease.holder <> '';
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL THEN
+        -- Its own message: the shared check's names a ttl, which release takes none of (0017).
+        RAISE EXCEPTION 'lease name, holder and token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF release_lease.name = '' OR release_lease.holder = '' THEN
+        PERFORM pglockkit._check_lease_args(release_lease.name, release_lease.holder, interval '1 second');
+    END IF;
+    -- A session-bound lease, or not ours (any more: taken over, released, or past its ttl).
+    UPDATE pglockkit.leases l
+       SET released_at = pg_catalog.clock_timestamp()
+     WHERE l.name = release_lease.name
+       AND l.holder = release_lease.holder
+       AND l.token = release_lease.token
+       AND l.released_at IS NULL
+       AND l.expires_at > pg_catalog.clock_timestamp()
+    RETURNING l.session_bound, l.session_key INTO v_bound, v_key;
+    IF NOT v_bound THEN  -- unbound: only if the row changed since the first look
+        RETURN true;
+    END IF;
+    IF v_bound IS NULL THEN
+        -- Not ours (any more): a stale bound holder lets go of its key.
+        PERFORM pglockkit._lease_drop_stale_key(release_lease.name);
+        RETURN false;
+    END IF;
+    IF v_key IS NOT NULL AND pglockkit._advisory_held(v_key, true) THEN
+        PERFORM pg_catalog.pg_advisory_unlock(v_key);
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pglockkit.decode_key(
+    key bigint,
+    OUT namespace_id integer, OUT namespace text, OUT form text, OUT resource_bits bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Namespace ids are 1..32767: a key under 2^48 (namespace 0, a plain pg_advisory_lock(42))
+    -- or negative is foreign (0017).
+    SELECT CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+           (SELECT n.name FROM pglockkit.namespaces n
+             WHERE (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0
+               AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
+           CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
+                WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
+                WHEN key IS NOT NULL THEN 'integer' END,
+           key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
+$$;
+COMMENT ON FUNCTION pglockkit.decode_key(bigint) IS
+    'Splits a lock key into namespace id, registered namespace name (NULL if unregistered), form (''text'' hash, ''integer'' id, or ''foreign'' for keys below 2^48 or negative, in no namespace id 1..32767: pglockkit never makes them, a plain pg_advisory_lock(42) does) and the low 47 bits. All NULL for a NULL key.';
+
 CREATE OR REPLACE FUNCTION pglockkit._run_key(job text, slot text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
@@ -248,6 +507,7 @@ $$;
 -- pg_monitor's grants after pglockkit_user's, as a fresh install orders them.
 SELECT pglockkit._grant_privileges();
 GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
     pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
 

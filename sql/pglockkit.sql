@@ -303,16 +303,19 @@ CREATE FUNCTION pglockkit.decode_key(
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN key > 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+    -- Namespace ids are 1..32767: a key under 2^48 (namespace 0, a plain pg_advisory_lock(42))
+    -- or negative is foreign (0017).
+    SELECT CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
            (SELECT n.name FROM pglockkit.namespaces n
-             WHERE key > 0 AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
-           CASE WHEN key <= 0 THEN 'foreign'
+             WHERE (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0
+               AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
+           CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
                 WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
-                ELSE 'integer' END,
+                WHEN key IS NOT NULL THEN 'integer' END,
            key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
 $$;
 COMMENT ON FUNCTION pglockkit.decode_key(bigint) IS
-    'Splits a lock key into namespace id, registered namespace name (NULL if unregistered), form (''text'' hash, ''integer'' id, or ''foreign'' for keys <= 0, which pglockkit never makes) and the low 47 bits.';
+    'Splits a lock key into namespace id, registered namespace name (NULL if unregistered), form (''text'' hash, ''integer'' id, or ''foreign'' for keys below 2^48 or negative, in no namespace id 1..32767: pglockkit never makes them, a plain pg_advisory_lock(42) does) and the low 47 bits. All NULL for a NULL key.';
 
 CREATE FUNCTION pglockkit.decode_key(
     classid oid, objid oid,
@@ -1208,11 +1211,12 @@ BEGIN
     IF FOUND THEN
         RETURN true;
     END IF;
-    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL
-       OR release_lease.name = '' OR release_lease.holder = '' THEN
-        -- (release takes no ttl: a placeholder satisfies the shared check)
+    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL THEN
+        -- Its own message: the shared check's names a ttl, which release takes none of (0017).
+        RAISE EXCEPTION 'lease name, holder and token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF release_lease.name = '' OR release_lease.holder = '' THEN
         PERFORM pglockkit._check_lease_args(release_lease.name, release_lease.holder, interval '1 second');
-        RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- A session-bound lease, or not ours (any more: taken over, released, or past its ttl).
     UPDATE pglockkit.leases l
@@ -3260,7 +3264,7 @@ BEGIN
         RAISE EXCEPTION 'cron % field is empty', field USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOREACH v_item IN ARRAY pg_catalog.string_to_array(expr, ',') LOOP
-        IF v_item !~ '^(\*|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$' THEN
+        IF v_item !~ '^([*]|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$' THEN
             RAISE EXCEPTION 'cron % field: "%" is not a value, a range or a step', field, v_item
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Each comma-separated item is *, a value, a range a-b, each optionally followed by /step.';
@@ -3343,7 +3347,7 @@ BEGIN
         WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
         WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
         WHEN '@hourly' THEN '0 * * * *' ELSE v_expr END;
-    v_fields := pg_catalog.regexp_split_to_array(v_expr, '\s+');
+    v_fields := pg_catalog.regexp_split_to_array(v_expr, '[[:space:]]+');
     IF v_expr = '' OR pg_catalog.cardinality(v_fields) <> 5 THEN
         RAISE EXCEPTION 'cron expression "%" has % fields, not 5', cron, CASE WHEN v_expr = '' THEN 0 ELSE pg_catalog.cardinality(v_fields) END
             USING ERRCODE = 'invalid_parameter_value',
@@ -3358,7 +3362,7 @@ BEGIN
         '{SUN,MON,TUE,WED,THU,FRI,SAT}');
     -- Restricted means written other than `*` (or a list of `*`s): croniter's reading, so `*/1`
     -- and `0-6` restrict although they name every value.
-    v_spec.days_or := v_fields[3] !~ '^\*(,\*)*$' AND v_fields[5] !~ '^\*(,\*)*$';
+    v_spec.days_or := v_fields[3] !~ '^[*](,[*])*$' AND v_fields[5] !~ '^[*](,[*])*$';
     -- Days of the month ANDed with every weekday: some listed day must exist in a listed month.
     IF NOT v_spec.days_or AND NOT EXISTS (
         SELECT FROM pg_catalog.unnest(v_spec.days) d, pg_catalog.unnest(v_spec.months) m
@@ -4119,6 +4123,24 @@ $$;
 COMMENT ON FUNCTION pglockkit.sample(interval) IS
     'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
 
+-- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
+CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF since < interval '0' THEN
+        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
+    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
+
 CREATE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
 RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,
                samples_with_waiters bigint, max_waiters integer, avg_waiters numeric, longest_wait interval,
@@ -4129,6 +4151,7 @@ AS $$
     WITH window_ AS (
         SELECT s.* FROM pglockkit.lock_history s
          WHERE s.sampled_at OPERATOR(pg_catalog.>=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) contention_report.since)
+           AND pglockkit._invalid_since(contention_report.since) IS NULL
     ), per_ns AS (
         -- Per namespace and sample: sessions involved (holding or waiting) vs sessions holding.
         SELECT w.namespace, w.sampled_at,
@@ -4151,7 +4174,7 @@ AS $$
      ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters > 0) DESC, pg_catalog.max(w.waiters) DESC
 $$;
 COMMENT ON FUNCTION pglockkit.contention_report(interval) IS
-    'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';
+    'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); 22004 for a NULL since, 22023 for a negative one; per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';
 
 -- ==== sql/schema/08_privileges.sql ====
 
@@ -4277,6 +4300,8 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
     pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
+-- contention_report, which pg_monitor may run, checks its argument with _invalid_since.
+GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 -- ==== bookkeeping for `pglockkit install` ====
 

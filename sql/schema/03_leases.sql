@@ -344,11 +344,12 @@ BEGIN
     IF FOUND THEN
         RETURN true;
     END IF;
-    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL
-       OR release_lease.name = '' OR release_lease.holder = '' THEN
-        -- (release takes no ttl: a placeholder satisfies the shared check)
+    IF release_lease.name IS NULL OR release_lease.holder IS NULL OR release_lease.token IS NULL THEN
+        -- Its own message: the shared check's names a ttl, which release takes none of (0017).
+        RAISE EXCEPTION 'lease name, holder and token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF release_lease.name = '' OR release_lease.holder = '' THEN
         PERFORM pglockkit._check_lease_args(release_lease.name, release_lease.holder, interval '1 second');
-        RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- A session-bound lease, or not ours (any more: taken over, released, or past its ttl).
     UPDATE pglockkit.leases l

@@ -68,7 +68,7 @@ BEGIN
         RAISE EXCEPTION 'cron % field is empty', field USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOREACH v_item IN ARRAY pg_catalog.string_to_array(expr, ',') LOOP
-        IF v_item !~ '^(\*|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$' THEN
+        IF v_item !~ '^([*]|[0-9a-z]+(-[0-9a-z]+)?)(/[0-9]+)?$' THEN
             RAISE EXCEPTION 'cron % field: "%" is not a value, a range or a step', field, v_item
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Each comma-separated item is *, a value, a range a-b, each optionally followed by /step.';
@@ -151,7 +151,7 @@ BEGIN
         WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
         WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
         WHEN '@hourly' THEN '0 * * * *' ELSE v_expr END;
-    v_fields := pg_catalog.regexp_split_to_array(v_expr, '\s+');
+    v_fields := pg_catalog.regexp_split_to_array(v_expr, '[[:space:]]+');
     IF v_expr = '' OR pg_catalog.cardinality(v_fields) <> 5 THEN
         RAISE EXCEPTION 'cron expression "%" has % fields, not 5', cron, CASE WHEN v_expr = '' THEN 0 ELSE pg_catalog.cardinality(v_fields) END
             USING ERRCODE = 'invalid_parameter_value',
@@ -166,7 +166,7 @@ BEGIN
         '{SUN,MON,TUE,WED,THU,FRI,SAT}');
     -- Restricted means written other than `*` (or a list of `*`s): croniter's reading, so `*/1`
     -- and `0-6` restrict although they name every value.
-    v_spec.days_or := v_fields[3] !~ '^\*(,\*)*$' AND v_fields[5] !~ '^\*(,\*)*$';
+    v_spec.days_or := v_fields[3] !~ '^[*](,[*])*$' AND v_fields[5] !~ '^[*](,[*])*$';
     -- Days of the month ANDed with every weekday: some listed day must exist in a listed month.
     IF NOT v_spec.days_or AND NOT EXISTS (
         SELECT FROM pg_catalog.unnest(v_spec.days) d, pg_catalog.unnest(v_spec.months) m

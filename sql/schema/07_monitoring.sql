@@ -327,6 +327,24 @@ $$;
 COMMENT ON FUNCTION pglockkit.sample(interval) IS
     'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
 
+-- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
+CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF since < interval '0' THEN
+        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
+    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
+
 CREATE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
 RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,
                samples_with_waiters bigint, max_waiters integer, avg_waiters numeric, longest_wait interval,
@@ -337,6 +355,7 @@ AS $$
     WITH window_ AS (
         SELECT s.* FROM pglockkit.lock_history s
          WHERE s.sampled_at OPERATOR(pg_catalog.>=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) contention_report.since)
+           AND pglockkit._invalid_since(contention_report.since) IS NULL
     ), per_ns AS (
         -- Per namespace and sample: sessions involved (holding or waiting) vs sessions holding.
         SELECT w.namespace, w.sampled_at,
@@ -359,4 +378,4 @@ AS $$
      ORDER BY pg_catalog.count(*) FILTER (WHERE w.waiters > 0) DESC, pg_catalog.max(w.waiters) DESC
 $$;
 COMMENT ON FUNCTION pglockkit.contention_report(interval) IS
-    'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';
+    'Which advisory keys serialized the swarm over the last since: per key, in how many samples it had waiters, the most and average waiters, the longest wait and the holders'' queries (read from lock_history: a query the reader could not see live reads ''<insufficient privilege>''); 22004 for a NULL since, 22023 for a negative one; per namespace, the average sessions involved and the effective parallelism (sessions holding / sessions involved: 1.0 = nobody waits, 1/n = n sessions queue behind one).';

@@ -120,3 +120,5 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
     pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
+-- contention_report, which pg_monitor may run, checks its argument with _invalid_since.
+GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;

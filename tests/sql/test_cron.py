@@ -255,3 +255,26 @@ def test_bad_time_zone_and_nulls(db):
             db.conn.execute(f"SELECT pglockkit.cron_next({args})")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="finite"):
         db.conn.execute("SELECT pglockkit.cron_next('* * * * *', 'infinity')")
+
+
+def test_cron_expressions_parse_whatever_the_sessions_standard_conforming_strings(db):
+    """An application whose sessions run with ``standard_conforming_strings = off`` (older PHP and
+    Rails setups) still gets its valid cron expressions parsed, and a session that parsed one with
+    it off keeps parsing them once it is back on. _cron_parse and _cron_field are PL/pgSQL, whose
+    literals ('\\s+', '^\\*(,\\*)*$') were read with the caller's setting: off, '\\s+' became 's+',
+    every expression had "1 fields, not 5" (22023), and PL/pgSQL cached that plan for the
+    session."""
+    after = datetime(2030, 1, 1, tzinfo=UTC)
+    expected = datetime(2030, 1, 1, 2, tzinfo=UTC)
+    with db.connect() as conn:
+        conn.execute("SET standard_conforming_strings = off")
+        assert conn.execute("SELECT pglockkit.cron_next('0 2 * * *', %s)", (after,)).fetchone()[0] == expected
+        assert conn.execute(
+            "SELECT pglockkit.schedule('nightly', '0 2 * * *', 'reports') IS NOT NULL"
+        ).fetchone()[0]
+    with db.connect() as conn:  # the first parse with the setting off, then back on
+        conn.execute("SET standard_conforming_strings = off")
+        business = conn.execute("SELECT pglockkit.cron_next('*/15 9-17 * * mon-fri', %s)", (after,))
+        assert business.fetchone()[0] == datetime(2030, 1, 1, 9, tzinfo=UTC)  # a Tuesday
+        conn.execute("SET standard_conforming_strings = on")
+        assert conn.execute("SELECT pglockkit.cron_next('0 2 * * *', %s)", (after,)).fetchone()[0] == expected

@@ -652,7 +652,9 @@ FUNCTIONS: dict[str, Fn] = {
     "sample(interval)": fn(
         [("retention", interval_arg(("0", "1 s", "7 days")), True)], {NULL_, BAD, TOO_FAR}
     ),
-    "contention_report(interval)": fn([("since", interval_arg(("1 hour", "0")), True)], {TOO_FAR}),
+    "contention_report(interval)": fn(
+        [("since", interval_arg(("1 hour", "0")), True)], {NULL_, BAD, TOO_FAR}
+    ),
     "set_max_payload_bytes(integer)": fn(
         [("bytes", int_arg((4096, 4095, 1048576, 268435455, 268435456, 0)))], {NULL_, RANGE}
     ),
@@ -1134,6 +1136,7 @@ FATAL_NULLS = {
     "list_jobs": ("queue", "lim"),
     "prune_jobs": ("older_than", "include_dead"),
     "sample": ("retention",),
+    "contention_report": ("since",),
     "set_max_payload_bytes": ("bytes",),
     "set_rate_limit": ("queue", "key", "rate", "per", "burst"),
     "remove_rate_limit": ("queue", "key"),

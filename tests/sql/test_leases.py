@@ -1025,3 +1025,13 @@ def test_a_lease_with_a_ttl_of_weeks_is_released_on_leaving_its_block(db, flavou
 
     sync_block() if flavour == "sync" else asyncio.run(async_block())
     assert acquire_lease(db.conn, "monthly", "next-holder", 10) is not None, "the lease was not released"
+
+
+@pytest.mark.parametrize("args", [(None, "pod-a", 1), ("nightly", None, 1)])
+def test_release_lease_with_a_null_argument_names_its_own_arguments(db, args):
+    """errors.md: 22004 with a message naming the problem. release_lease(name, holder, token) has
+    no ttl, yet a NULL name or holder was reported as "lease name, holder and ttl must not be
+    null" (it checks its arguments with acquire_lease's checker and a stand-in ttl)."""
+    with pytest.raises(psycopg.errors.NullValueNotAllowed) as err:
+        db.conn.execute("SELECT pglockkit.release_lease(%s, %s, %s::bigint)", args)
+    assert "ttl" not in err.value.diag.message_primary, err.value.diag.message_primary

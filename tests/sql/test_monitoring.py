@@ -751,3 +751,27 @@ def test_doctor_does_not_report_a_long_hold_whose_lock_is_gone_once_sampling_sto
     findings = monitor.doctor(db.conn, held_after=timedelta(seconds=1))
     stale = [f for f in findings if f.check == "long-held lock"]
     assert stale == [], [(f.message, f.fix) for f in stale]
+
+
+def test_contention_report_with_a_null_since_is_an_error_not_an_empty_report(db, ns):
+    """errors.md: a NULL argument is 22004 (sample(NULL) is). contention_report(NULL), what a
+    client sends for an unset `since` (a Node `undefined`, a nil pointer), returned no rows: "no
+    contention" on a database whose samples show a key with waiters. It must raise 22004 naming
+    since, or report like the default."""
+    with db.connect() as holder:
+        holder.execute("SELECT pglockkit.try_lock(%s, 'shared-cache')", (ns,))
+        conn, thread = _blocked_waiter(
+            db, "SELECT pg_advisory_lock(pglockkit.lock_key(%s, 'shared-cache'))", (ns,)
+        )
+        db.conn.execute("SELECT pglockkit.sample()")
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        thread.join(5)
+        conn.execute("SELECT pg_advisory_unlock_all()")
+        conn.close()
+    report = "SELECT namespace, samples_with_waiters FROM pglockkit.contention_report({})"
+    assert db.conn.execute(report.format("")).fetchall() == [(ns, 1)]
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="since must not be null"):
+        db.conn.execute(report.format("NULL"))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="since must not be negative"):
+        db.conn.execute(report.format("'-1 day'"))
+    assert db.conn.execute(report.format("'1 hour'")).fetchall() == [(ns, 1)]  # nothing changed

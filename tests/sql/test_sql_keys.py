@@ -211,3 +211,47 @@ def test_an_integer_id_sent_untyped_locks_the_text_key_and_cast_locks_the_intege
         )
         assert untyped(b"SELECT pglockkit.try_lock($1, $2::bigint)") == b"f"  # the Python worker holds it
         assert untyped(b"SELECT pglockkit.try_lock($1, $2)") == b"t"  # '42': another lock
+
+
+def test_xact_lock_all_with_an_untyped_array_takes_the_cast_docs_locks_md_gives(db):
+    """docs/locks.md, "Any client, any language": a driver that sends parameters untyped
+    (node-postgres turns a JS array into an array literal, oid 0) cannot call
+    ``xact_lock_all('orders', $1)``: text[] and bigint[] are both arrays, so the server cannot
+    choose (42725, "is not unique"), text ids included. The section says to cast the array, and
+    the cast call locks the same keys as a typed caller's."""
+    db.conn.execute("SELECT pglockkit.register_namespace('orders')")
+    section = (Path(__file__).resolve().parents[2] / "docs" / "locks.md").read_text()
+    section = section.split("## Any client, any language", 1)[1].split("\n## ", 1)[0]
+    assert "$2::text[]" in section and "$2::bigint[]" in section
+    with db.connect() as node_worker, db.connect() as python_worker:
+        node_worker.execute("BEGIN")
+
+        def untyped(query: bytes, ids: bytes) -> psycopg.pq.PGresult:
+            return node_worker.pgconn.exec_params(query, [b"orders", ids, b"1s"])
+
+        res = untyped(b"SELECT pglockkit.xact_lock_all($1, $2, $3)", b'{"acct:9","acct:3"}')
+        assert res.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"42725"
+        node_worker.execute("ROLLBACK")
+        node_worker.execute("BEGIN")
+        for query, ids in [
+            (b"SELECT pglockkit.xact_lock_all($1, $2::text[], $3)", b'{"acct:9","acct:3"}'),
+            (b"SELECT pglockkit.xact_lock_all($1, $2::bigint[], $3)", b"{9,3}"),
+        ]:
+            res = untyped(query, ids)
+            assert res.status == psycopg.pq.ExecStatus.TUPLES_OK, res.error_message
+        for resource in ("acct:9", "acct:3", 9, 3):  # held by the untyped caller, as typed keys
+            held = python_worker.execute("SELECT pglockkit.try_xact_lock('orders', %s)", (resource,))
+            assert held.fetchone()[0] is False, resource
+        node_worker.execute("ROLLBACK")
+
+
+def test_decode_key_calls_a_namespace_0_key_foreign_and_a_null_key_nothing(db):
+    """decode_key's COMMENT: form is 'foreign' for keys pglockkit never makes. It never makes a
+    key of namespace id 0 (ids are 1..32767), and that is every key of an application's own
+    pg_advisory_lock(42) (0 < key < 2^48); decode_key(42) answered namespace_id 0, form
+    'integer', as if pglockkit had locked id 42. A NULL key decoded as form 'integer' too."""
+    assert db.conn.execute("SELECT namespace_id, form FROM pglockkit.decode_key(42)").fetchone() == (
+        None,
+        "foreign",
+    )
+    assert db.conn.execute("SELECT form FROM pglockkit.decode_key(NULL::bigint)").fetchone() == (None,)
