@@ -879,12 +879,14 @@ def test_a_sigkilled_bound_holder_is_replaced_by_exactly_one_of_eight_racing_riv
     docs/leases.md: no rival takes it while its holder lives. The holder is a real process, SIGKILLed;
     eight rivals (bound and unbound) poll the lease before and after: none gets it while the holder
     lives, exactly one right after the kill, with a larger token, and nobody else after that."""
+    stop = threading.Event()  # the rivals stop polling
+    release = threading.Event()  # then the winner lets go of its connection
+    polling = threading.Semaphore(0)  # one release per rival that stopped polling
     holder = subprocess.Popen([sys.executable, "-c", BOUND_HOLDER, db.dsn], stdout=subprocess.PIPE, text=True)
     try:
         token = int(holder.stdout.readline())
         wins: list[tuple[int, int, float]] = []  # (rival, token, time)
         errors: list[BaseException] = []
-        stop = threading.Event()
 
         def rival(i: int) -> None:
             try:
@@ -893,11 +895,15 @@ def test_a_sigkilled_bound_holder_is_replaced_by_exactly_one_of_eight_racing_riv
                         got = acquire_lease(conn, "bound", f"rival-{i}", 60, bind_session=i % 2 == 0)
                         if got is not None:
                             wins.append((i, got, time.monotonic()))
-                            stop.wait()  # keep the connection (a bound winner keeps the lease)
-                            return
+                            break
                         time.sleep(0.002)
+                    polling.release()
+                    # Keep the connection until no rival polls: a bound winner's lease is free once
+                    # its backend ends, and a call still in flight would then rightly take it.
+                    release.wait()
             except BaseException as exc:  # reported below
                 errors.append(exc)
+                polling.release()
 
         threads = [threading.Thread(target=rival, args=(i,)) for i in range(8)]
         for t in threads:
@@ -912,9 +918,14 @@ def test_a_sigkilled_bound_holder_is_replaced_by_exactly_one_of_eight_racing_riv
             time.sleep(0.01)
         time.sleep(0.5)  # the others keep polling
         stop.set()
+        for _ in threads:
+            assert polling.acquire(timeout=30)
+        release.set()
         for t in threads:
             t.join()
     finally:
+        stop.set()  # a failed assertion must not leave the rivals running
+        release.set()
         if holder.poll() is None:
             holder.kill()
             holder.wait()
