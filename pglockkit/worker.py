@@ -96,8 +96,9 @@ def returned_awaitable(result: Any) -> str:
         result.close()
     return (
         f"the handler returned {what} instead of running it: an async def behind a plain function (a "
-        "decorator, a lambda, an object with a def __call__); make the wrapper async def, or wrap with "
-        "functools.wraps, and run it with pglockkit.aio.Worker (`pglockkit work` picks it for an async def)"
+        "decorator, a lambda, an object with a def __call__); make the handler itself an async def (or an "
+        "object with an async def __call__): pglockkit.Worker and `pglockkit work` then run it on "
+        "pglockkit.aio.Worker"
     )
 
 
