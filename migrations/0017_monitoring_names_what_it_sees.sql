@@ -16,7 +16,8 @@
 -- * lock_holds: how long each advisory lock has been held, kept by sample() in lock_sightings.
 --   A lock's hold time was its holder's state age, which restarts at each transaction: a session
 --   lock leaked on a busy pooled server session never showed (seed: alert on locks held longer
---   than expected).
+--   than expected). sampling (table sampler): when sample() last ran, so that a sampler that
+--   stopped is seen (doctor, the exporter and an alert).
 -- * From other clients' SQL (review of SQL-first use): every cron expression was refused (22023)
 --   in a session with standard_conforming_strings off, which read the parsers' '\s+' as 's+'
 --   (their regular expressions take no backslash now); contention_report(NULL) returned an empty
@@ -149,14 +150,30 @@ COMMENT ON TABLE pglockkit.lock_sightings IS
     'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
 CREATE INDEX lock_sightings_pid ON pglockkit.lock_sightings (pid);
 
+-- When sample() last ran: hold times and the history are only as fresh as that, and a sampler
+-- that stopped (a removed pod, a disabled pg_cron job) left no other trace (0017).
+CREATE TABLE pglockkit.sampler (
+    one             boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    last_sampled_at timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.sampler IS
+    'One row once sample() has run: when it last ran. Read it through sampling.';
+
+CREATE VIEW pglockkit.sampling AS
+SELECT s.last_sampled_at,
+       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) s.last_sampled_at AS since_last_sample
+  FROM pglockkit.sampler s;
+COMMENT ON VIEW pglockkit.sampling IS
+    'When sample() last ran, and how long ago: no row if it never ran in this database. Hold times (lock_holds) and the history are only as fresh as that.';
+
 CREATE VIEW pglockkit.lock_holds AS
-SELECT s.namespace, s.key, s.key1, s.key2, s.pid, al.application_name, al."user", al.state,
+SELECT al.namespace, s.key, s.key1, s.key2, s.pid, al.application_name, al."user", al.state,
        s.first_seen AS held_since, s.last_seen,
        s.last_seen OPERATOR(pg_catalog.-) s.first_seen AS held_for,
        coalesce(al.application_name OPERATOR(pg_catalog.~) '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
   FROM pglockkit.lock_sightings s
   JOIN pglockkit.advisory_locks al
-    ON al.granted AND al.pid OPERATOR(pg_catalog.=) s.pid AND al.namespace OPERATOR(pg_catalog.=) s.namespace
+    ON al.granted AND al.pid OPERATOR(pg_catalog.=) s.pid
    AND al.key IS NOT DISTINCT FROM s.key AND al.key1 IS NOT DISTINCT FROM s.key1 AND al.key2 IS NOT DISTINCT FROM s.key2
   JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) s.pid
    AND (a.backend_start IS NULL OR a.backend_start OPERATOR(pg_catalog.=) s.backend_start
@@ -196,8 +213,12 @@ BEGIN
               CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
      GROUP BY h.namespace, h.key, h.key1, h.key2;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    -- Hold times (0017). Samplers take turns, so that two never add the same sighting.
+    -- Hold times (0017). Samplers take turns, so that two never add the same sighting. A sighting
+    -- is its session's (pid, backend_start) and the key: the namespace is a label, read from the
+    -- registry, which may change while the lock is held.
     PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
+    INSERT INTO pglockkit.sampler AS s (one, last_sampled_at) VALUES (true, v_now)
+    ON CONFLICT (one) DO UPDATE SET last_sampled_at = excluded.last_sampled_at;
     WITH held AS (
         SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
                al.namespace, al.key, al.key1, al.key2
@@ -208,13 +229,13 @@ BEGIN
     ), gone AS (
         DELETE FROM pglockkit.lock_sightings s
          WHERE NOT EXISTS (SELECT FROM held h
-                            WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                            WHERE h.pid = s.pid AND h.backend_start = s.backend_start
                               AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
                               AND h.key2 IS NOT DISTINCT FROM s.key2)
     ), still AS (
-        UPDATE pglockkit.lock_sightings s SET last_seen = v_now
+        UPDATE pglockkit.lock_sightings s SET last_seen = v_now, namespace = h.namespace
           FROM held h
-         WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+         WHERE h.pid = s.pid AND h.backend_start = s.backend_start
            AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
            AND h.key2 IS NOT DISTINCT FROM s.key2
     )
@@ -222,7 +243,7 @@ BEGIN
     SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, v_now, v_now
       FROM held h
      WHERE NOT EXISTS (SELECT FROM pglockkit.lock_sightings s
-                        WHERE h.pid = s.pid AND h.backend_start = s.backend_start AND h.namespace = s.namespace
+                        WHERE h.pid = s.pid AND h.backend_start = s.backend_start
                           AND h.key IS NOT DISTINCT FROM s.key AND h.key1 IS NOT DISTINCT FROM s.key1
                           AND h.key2 IS NOT DISTINCT FROM s.key2);
     INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)

@@ -149,10 +149,14 @@ class _InstallLock:
 
 def _kit_owner(conn: psycopg.Connection) -> str | None:
     """The role that owns schema pglockkit if the current role is neither it nor a member with its
-    privileges (a superuser is); None otherwise, and when the kit is not installed."""
+    privileges that may also become it (SET ROLE, which install does: a superuser may); None
+    otherwise, and when the kit is not installed."""
+    # PostgreSQL 16 grants membership with a SET option of its own: without it, no SET ROLE.
+    may_set = " AND pg_catalog.pg_has_role(n.nspowner, 'SET')" if conn.info.server_version >= 160000 else ""
     row = conn.execute(
         "SELECT n.nspowner::pg_catalog.regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE')"
-        "  FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pglockkit'"
+        + may_set
+        + "  FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pglockkit'"
     ).fetchone()
     return None if row is None or row[1] else row[0]
 
@@ -160,8 +164,8 @@ def _kit_owner(conn: psycopg.Connection) -> str | None:
 def _not_owner(owner: str, verb: str, conn: psycopg.Connection) -> NotOwner:
     return NotOwner(
         f"{verb} must run as {owner} (the role that owns schema pglockkit), not as {conn.info.user}",
-        hint=f"connect as {owner}, or a member of it, to run `pglockkit {verb}`; workers need "
-        "pglockkit_user only (`pglockkit grant ROLE`), not install",
+        hint=f"connect as {owner}, or a member of it that may SET ROLE to it, to run `pglockkit {verb}`; "
+        "workers need pglockkit_user only (`pglockkit grant ROLE`), not install",
     )
 
 
@@ -184,8 +188,46 @@ def _act_as_owner(conn: psycopg.Connection) -> None:
         " WHERE n.nspname = 'pglockkit' AND n.nspowner <> (SELECT r.oid FROM pg_catalog.pg_roles r"
         "  WHERE r.rolname = current_user)"
     ).fetchone()
-    if row is not None:
-        conn.execute(f"SET ROLE {row[0]}")  # regrole's text is the name quoted as needed
+    if row is None:
+        return
+    # What an earlier upgrade by this role left its own (install did not SET ROLE before 0017)
+    # goes to the owner first, while this role still may give it away: else the owner's grants
+    # fail on it (42501), and its SECURITY DEFINER functions cannot use it.
+    for (statement,) in conn.execute(_GIVE_TO_OWNER, (row[0],)).fetchall():
+        conn.execute(statement)
+    conn.execute(f"SET ROLE {row[0]}")  # regrole's text is the name quoted as needed
+
+
+# ALTER ... OWNER TO the kit's owner for each object of the kit's schemas that another role owns
+# and the current role may give away (its own, or any for a superuser). Indexes, sequences owned
+# by a column and a table's row type follow their table.
+_GIVE_TO_OWNER = """
+SELECT pg_catalog.format('ALTER %%s %%s OWNER TO %%s', o.kind, o.name, %s::text)
+  FROM (SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                              WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind,
+               c.oid::pg_catalog.regclass::text AS name, c.relowner AS owner, c.relnamespace AS nsp
+          FROM pg_catalog.pg_class c
+         WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+           AND NOT (c.relkind = 'S' AND EXISTS (
+                   SELECT FROM pg_catalog.pg_depend d
+                    WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')
+                      AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass))
+        UNION ALL
+        SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
+               p.oid::pg_catalog.regprocedure::text, p.proowner, p.pronamespace
+          FROM pg_catalog.pg_proc p
+        UNION ALL
+        SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END,
+               t.oid::pg_catalog.regtype::text, t.typowner, t.typnamespace
+          FROM pg_catalog.pg_type t
+         WHERE t.typtype IN ('c', 'e', 'd', 'r')
+           AND (t.typrelid = 0
+                OR (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = t.typrelid) = 'c')
+       ) o
+  JOIN pg_catalog.pg_namespace n ON n.oid = o.nsp AND n.nspname IN ('pglockkit', 'pglockkit_migrations')
+ WHERE o.owner <> n.nspowner AND pg_catalog.pg_has_role(o.owner, 'USAGE')
+ ORDER BY 1
+"""
 
 
 def _adopt_bundle(conn: psycopg.Connection, backend, migrations) -> list[str]:

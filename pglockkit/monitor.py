@@ -52,6 +52,7 @@ def doctor(
     findings = [
         *check_idle_lock_holders(_rows(conn, IDLE_LOCK_HOLDERS), idle_after),
         *check_long_holds(_rows(conn, LOCK_HOLDS), held_after, idle_after),
+        *check_sampling(_rows(conn, SAMPLING), held_after),
         *check_unregistered_keys(_rows(conn, UNREGISTERED_KEYS)),
         *check_lock_table_headroom(_rows(conn, LOCK_TABLE)[0]),
         *check_queues(_rows(conn, QUEUES), lag_after),
@@ -77,6 +78,7 @@ LOCK_HOLDS = (
     "AND i.key IS NOT DISTINCT FROM h.key AND i.key1 IS NOT DISTINCT FROM h.key1 "
     "AND i.key2 IS NOT DISTINCT FROM h.key2 ORDER BY h.held_for DESC"
 )
+SAMPLING = "SELECT last_sampled_at, since_last_sample FROM pglockkit.sampling"
 UNREGISTERED_KEYS = (
     "SELECT count(*) AS n, array_agg(DISTINCT pid) AS pids FROM pglockkit.advisory_locks "
     "WHERE namespace = 'unregistered' HAVING count(*) > 0"
@@ -173,6 +175,37 @@ def check_long_holds(rows: list[dict], held_after: timedelta, idle_after: timede
             )
         )
     return findings
+
+
+def check_sampling(rows: list[dict], held_after: timedelta) -> list[Finding]:
+    """Whether ``sample()`` runs (the row of ``pglockkit.sampling``, none if it never ran): hold
+    times and the contention history come from it. A note, not a warning: sampling is optional."""
+    fix = (
+        "Run it every few seconds, as pglockkit_admin: `pglockkit sample --every 5s`, or from pg_cron "
+        "(SELECT pglockkit.sample()); see docs/monitoring.md, contention history."
+    )
+    if not rows:
+        return [
+            Finding(
+                "info",
+                "sampling",
+                "sample() has never run in this database: how long locks are held (lock_holds, "
+                "--held-after) and the contention history are unknown",
+                fix,
+            )
+        ]
+    since = rows[0]["since_last_sample"]
+    if since is None or since <= held_after:
+        return []
+    return [
+        Finding(
+            "info",
+            "sampling",
+            f"sample() last ran {fmt.age(since)} ago (at {rows[0]['last_sampled_at']:%Y-%m-%d %H:%M:%S}): "
+            "hold times and the contention history are that old; has its sampler stopped?",
+            fix,
+        )
+    ]
 
 
 def check_unregistered_keys(rows: list[dict]) -> list[Finding]:

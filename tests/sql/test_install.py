@@ -696,3 +696,106 @@ def test_an_upgrade_run_by_a_member_of_the_owner_or_a_superuser_leaves_sample_wo
             conn.execute(f"DROP OWNED BY {deployer}, {owner}")
             conn.execute(f"DROP ROLE {deployer}")
             conn.execute(f"DROP ROLE {owner}")
+
+
+def _apply_chain_as_connected(dsn: str, upto: str) -> None:
+    """The migrations up to ``upto`` as install applied them before it ran as the owner (dcef8a9):
+    a plain yoyo backend, no SET ROLE, so what they create is the connected role's."""
+    from yoyo.backends import get_backend_class
+    from yoyo.connections import DatabaseURI
+
+    args = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    args["schema"] = "pglockkit_migrations"
+    uri = DatabaseURI("postgresql+psycopg", None, None, None, None, args.pop("dbname", None), args)
+    backend = get_backend_class("postgresql+psycopg")(uri, "_yoyo_migration")
+    backend.init_database()
+    try:
+        with backend.lock():
+            backend.apply_migrations(backend.to_apply(_migrations().filter(lambda m: m.id <= upto)))
+    finally:
+        backend.connection.close()
+
+
+@pytest.mark.parametrize("action", ["install", "uninstall"])
+@pytest.mark.parametrize("upgrader", ["superuser", "member"])
+def test_install_and_uninstall_as_the_owner_on_a_kit_an_earlier_upgrade_left_partly_theirs(
+    server, empty_db, upgrader, action
+):
+    """Before dcef8a9 an upgrade by a superuser or a member of the owner's role left what its
+    migrations created theirs (the very case 0017's lock_sightings showed). install now SETs ROLE
+    to the owner first: the next migration that replaces one of those functions, and uninstall's
+    ALTER VIEW ... OWNER TO of such a view, run as the owner and are refused (42501), although the
+    role running them could do both, and did the upgrade that made them."""
+    dbname = conninfo_to_dict(empty_db)["dbname"]
+    owner, deployer = f"mix_owner_{upgrader}_{action}", f"mix_deployer_{upgrader}_{action}"
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {deployer}")
+        conn.execute(f"DROP ROLE IF EXISTS {owner}")
+        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB")
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO {owner}')
+        conn.execute(f"CREATE ROLE {deployer} LOGIN IN ROLE {owner}")
+    try:
+        owner_dsn = make_conninfo(empty_db, user=owner)
+        upgrade_dsn = empty_db if upgrader == "superuser" else make_conninfo(empty_db, user=deployer)
+        _apply_chain(owner_dsn, upto="0011_schedule_and_rate_limit_fixes")
+        _apply_chain_as_connected(upgrade_dsn, upto="0016_schedules_and_rate_waits")
+        with psycopg.connect(empty_db, autocommit=True) as conn:
+            theirs = conn.execute(
+                "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pglockkit'::regnamespace"
+                " AND proowner::regrole::text <> %s",
+                (owner,),
+            ).fetchone()[0]
+        assert theirs > 0, "the setup made nothing of the upgrader's"
+        try:
+            if action == "install":
+                assert pglockkit.install(upgrade_dsn) == ["0017_monitoring_names_what_it_sees"]
+                with psycopg.connect(owner_dsn, autocommit=True) as conn:
+                    conn.execute("SELECT pglockkit.sample()")
+            else:
+                assert pglockkit.uninstall(upgrade_dsn).schemas == ["pglockkit", "pglockkit_migrations"]
+        except psycopg.errors.InsufficientPrivilege as exc:
+            pytest.fail(f"{action} by the {upgrader} after its own earlier upgrade: {exc}")
+    finally:
+        with psycopg.connect(empty_db, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS pglockkit, pglockkit_migrations CASCADE")
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+            conn.execute(f"DROP ROLE {deployer}")
+            conn.execute(f"DROP ROLE {owner}")
+
+
+def test_a_member_that_may_not_set_role_to_the_owner_installs_or_is_refused_with_not_owner(server, empty_db):
+    """PostgreSQL 16 and later: a member granted the owner's role WITH SET FALSE has its privileges
+    (pg_has_role USAGE, which _require_owner accepts) but may not SET ROLE to it. install then
+    fails in _act_as_owner with psycopg's bare 'permission denied to set role', after
+    _require_owner let it through: it should either run (as before dcef8a9) or be refused up
+    front by NotOwner naming the owner and what the member lacks. (PostgreSQL 15 has no SET option:
+    there a NOINHERIT member, which has neither the privileges nor SET ROLE by default, is refused
+    the same way.)"""
+    dbname = conninfo_to_dict(empty_db)["dbname"]
+    owner, deployer = "noset_owner", "noset_deployer"
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {deployer}")
+        conn.execute(f"DROP ROLE IF EXISTS {owner}")
+        conn.execute(f"CREATE ROLE {owner} LOGIN")
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{dbname}" TO {owner}')
+        if server.version >= 16:
+            conn.execute(f"CREATE ROLE {deployer} LOGIN")
+            conn.execute(f"GRANT {owner} TO {deployer} WITH INHERIT TRUE, SET FALSE")
+        else:
+            conn.execute(f"CREATE ROLE {deployer} LOGIN NOINHERIT")
+            conn.execute(f"GRANT {owner} TO {deployer}")
+    try:
+        pglockkit.install(make_conninfo(empty_db, user=owner))
+        with pytest.raises(pglockkit.errors.NotOwner, match=f"install must run as {owner}") as refused:
+            pglockkit.install(make_conninfo(empty_db, user=deployer))
+        assert "may SET ROLE to it" in refused.value.hint
+    finally:
+        with psycopg.connect(empty_db, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS pglockkit, pglockkit_migrations CASCADE")
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {deployer}, {owner}")
+            conn.execute(f"DROP ROLE {deployer}")
+            conn.execute(f"DROP ROLE {owner}")

@@ -179,9 +179,16 @@ def test_doctor_finds_each_planted_hazard_and_exits_nonzero(db, ns):
 
 
 def test_doctor_on_a_clean_database_reports_nothing_to_fix(db):
+    """A database set up as the docs advise: a lock_timeout, and sample() running. Without the
+    sampler, the one note is that hold times are unknown."""
     db.conn.execute(
         sql.SQL("ALTER DATABASE {} SET lock_timeout = '5s'").format(sql.Identifier(db.conn.info.dbname))
     )
+    out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
+    never = "[INFO] sampling: sample() has never run"
+    assert out.returncode == 1 and out.stdout.startswith(never), out.stdout
+    assert out.stdout.strip().endswith("1 info"), out.stdout
+    db.conn.execute("SELECT pglockkit.sample()")
     out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "pglockkit doctor: no findings"
@@ -702,10 +709,13 @@ def test_lock_holds_tells_how_long_a_lock_has_been_held_whatever_its_session_doe
     through many short transactions shows its whole hold time; a lock released is forgotten at
     the next sample, and one taken again starts again."""
     key = lock_key(namespace_id(ns), "nightly")
+    assert db.conn.execute("SELECT count(*) FROM pglockkit.sampling").fetchone()[0] == 0  # never ran
+    assert [f.check for f in monitor.doctor(db.conn) if f.check == "sampling"] == ["sampling"]
     with db.connect() as holder:
         holder.execute("SELECT pglockkit.try_lock(%s, 'nightly')", (ns,))
         db.conn.execute("SELECT pglockkit.sample()")
         first = db.conn.execute("SELECT max(sampled_at) FROM pglockkit.lock_samples").fetchone()[0]
+        assert db.conn.execute("SELECT last_sampled_at FROM pglockkit.sampling").fetchone()[0] == first
         for _ in range(12):  # busy: its state never ages past 0.1 s
             holder.execute("SELECT 1")
             time.sleep(0.1)
@@ -726,6 +736,7 @@ def test_lock_holds_tells_how_long_a_lock_has_been_held_whatever_its_session_doe
         assert again[4] == timedelta(0)
         findings = monitor.doctor(db.conn, held_after=timedelta(seconds=1))
     assert not [f for f in findings if f.check == "long-held lock"]  # held for 0 s since taken again
+    assert not [f for f in findings if f.check == "sampling"]  # it just ran
 
 
 def test_doctor_does_not_report_a_long_hold_whose_lock_is_gone_once_sampling_stopped(db, ns):
@@ -775,3 +786,26 @@ def test_contention_report_with_a_null_since_is_an_error_not_an_empty_report(db,
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="since must not be negative"):
         db.conn.execute(report.format("'-1 day'"))
     assert db.conn.execute(report.format("'1 hour'")).fetchall() == [(ns, 1)]  # nothing changed
+
+
+def test_lock_holds_keeps_a_held_lock_when_its_namespace_is_registered_meanwhile(db):
+    """lock_holds joins each sighting to advisory_locks on namespace too, a name read from the
+    registry now: a lock of an unregistered namespace id (a key computed with the documented
+    formula, or a namespace unregistered and registered again) sampled as 'unregistered' vanishes
+    from lock_holds once its namespace is registered, though its session holds it still; and the
+    next sample() forgets it and starts its held_since again, so doctor --held-after misses a lock
+    held for hours. The key alone (with key1/key2) names the lock."""
+    key = (4321 << 48) | 7
+    with db.connect() as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        db.conn.execute("SELECT pglockkit.sample()")
+        since = "SELECT held_since FROM pglockkit.lock_holds WHERE key = %s"
+        first = db.conn.execute(since, (key,)).fetchall()
+        assert len(first) == 1
+        db.conn.execute("SELECT pglockkit.register_namespace('late_registered', 4321)")
+        now = db.conn.execute("SELECT held_since FROM pglockkit.lock_holds WHERE key = %s", (key,)).fetchall()
+        assert now == first, "a lock still held left lock_holds when its namespace was registered"
+        time.sleep(0.1)
+        db.conn.execute("SELECT pglockkit.sample()")
+        again = db.conn.execute(since, (key,)).fetchall()
+        assert again == first, "the next sample() started the hold's time again"

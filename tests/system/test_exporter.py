@@ -166,6 +166,7 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
         assert value(samples, "pglockkit_idle_lock_holders_longest_idle_seconds", namespace="billing") >= 1
         assert value(samples, "pglockkit_lock_holds_locks", namespace="billing") == 1
         assert value(samples, "pglockkit_lock_holds_longest_held_seconds", namespace="billing") >= 1
+        assert 0 <= value(samples, "pglockkit_sampling_seconds_since_last") < 60
         assert value(samples, "pglockkit_queue_ready", queue="mail") == 2
         assert value(samples, "pglockkit_queue_scheduled", queue="mail") == 1
         assert value(samples, "pglockkit_queue_running", queue="mail") == 1

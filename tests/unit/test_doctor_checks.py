@@ -14,6 +14,7 @@ from pglockkit.monitor import (
     check_long_holds,
     check_pooler,
     check_queues,
+    check_sampling,
     check_xmin_horizon,
 )
 
@@ -177,3 +178,15 @@ def test_long_holds_from_the_threshold_on_and_not_twice():
     ].message.endswith(
         "now in a state hidden from you: a stuck job, or a session lock left on a busy pooled connection?"
     )
+
+
+def test_sampling_notes_a_sampler_that_never_ran_or_stopped():
+    [never] = check_sampling([], timedelta(minutes=10))
+    assert (never.severity, never.check) == ("info", "sampling")
+    assert never.message.startswith("sample() has never run in this database")
+    assert "pglockkit sample --every 5s" in never.fix
+    fresh = {"last_sampled_at": datetime(2026, 12, 2, 3, 0, 0), "since_last_sample": timedelta(seconds=5)}
+    assert check_sampling([fresh], timedelta(minutes=10)) == []
+    [stale] = check_sampling([{**fresh, "since_last_sample": timedelta(minutes=42)}], timedelta(minutes=10))
+    assert stale.severity == "info"
+    assert stale.message.startswith("sample() last ran 42.0m ago (at 2026-12-02 03:00:00)")
