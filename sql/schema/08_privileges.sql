@@ -118,6 +118,7 @@ DO $$ BEGIN PERFORM pglockkit._grant_privileges(); END $$;
 -- _prepared_gid; run_history _advisory_held, and _run_key with what its body calls. Granted after
 -- pglockkit_user's grants, in the order the migrations grant them.
 GRANT EXECUTE ON FUNCTION pglockkit._prepared_gid(text) TO pg_monitor;
+GRANT EXECUTE ON FUNCTION pglockkit._lock_ident(bigint, integer, integer) TO pg_monitor;
 GRANT EXECUTE ON FUNCTION pglockkit._advisory_held(bigint, boolean), pglockkit._run_key(text, text),
     pglockkit._key(smallint, text), pglockkit._h47(text), pglockkit._ns_id_from_name(text) TO pg_monitor;
 -- contention_report, which pg_monitor may run, checks its argument with _invalid_since.
