@@ -111,6 +111,11 @@ PREPARED_BLOCKERS = (
 # --- the checks: rows in, findings out ------------------------------------------------------
 
 
+def _key_text(r: dict) -> str:
+    """A lock's key as the findings print it: the bigint key, or an int4 pair as (key1, key2)."""
+    return str(r["key"]) if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+
+
 def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Finding]:
     """Sessions holding an advisory lock while idle at least ``idle_after`` (rows of
     ``pglockkit.idle_lock_holders``): a warning, or for a connection a pglockkit client dedicated
@@ -119,7 +124,7 @@ def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Fin
     for r in rows:
         if r["idle_for"] is None or r["idle_for"] < idle_after:
             continue
-        key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+        key = _key_text(r)
         if r["dedicated"]:
             # sole_writer, run_once, `once`, a session-bound Lease: idle by design while the block
             # runs. Ending the session would free the lock mid-run (a second replica runs it).
@@ -160,7 +165,7 @@ def check_long_holds(rows: list[dict], held_after: timedelta, idle_after: timede
             continue
         if r["idle_for"] is not None and r["idle_for"] >= idle_after:
             continue  # an idle lock holder: reported as such
-        key = r["key"] if r["key"] is not None else f"({r['key1']}, {r['key2']})"
+        key = _key_text(r)
         who = f"pid {r['pid']} ({r['application_name'] or '?'})"
         findings.append(
             Finding(
