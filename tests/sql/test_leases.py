@@ -601,6 +601,46 @@ def test_a_contender_that_loses_locks_nothing_and_holds_up_no_one(db):
         rival.execute("COMMIT")
 
 
+@pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
+@pytest.mark.parametrize("free", ["released", "expired", "new name"])
+@pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+def test_a_rival_gets_null_at_once_while_another_acquirer_takes_a_free_lease(db, free, bind, end):
+    """docs/leases.md: a contender never waits. Here the lease is free and a first acquirer's
+    transaction is taking it (open, not committed). A rival must answer NULL at once and write
+    nothing: before 0018 it waited for that transaction, then locked the row it had lost (a
+    transaction id, and a disk flush at its commit). Pollers of a freed lease queued so, one
+    behind the other's commit, and the new holder's release behind them all. Once the first
+    acquirer's transaction ends, the rival sees its outcome: NULL while the lease is the first's,
+    a token if it rolled back (nothing of the attempt is left behind to refuse it)."""
+    with db.connect() as first, db.connect() as rival:
+        if free != "new name":
+            token = acquire_lease(first, "freed", "old", timedelta(milliseconds=100))
+            if free == "released":
+                assert release_lease(first, "freed", "old", token)
+            else:
+                time.sleep(0.15)
+        first.execute("BEGIN")
+        assert acquire_lease(first, "freed", "first", 60, bind_session=bind) is not None
+        rival.execute("BEGIN")
+        rival.execute("SET LOCAL statement_timeout = '2s'")
+        started = time.monotonic()
+        try:
+            got = acquire_lease(rival, "freed", "rival", 60, bind_session=bind)
+        except psycopg.errors.QueryCanceled:
+            got = "waited for the first acquirer"
+        waited = time.monotonic() - started
+        xid = rival.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] if got is None else None
+        rival.execute("ROLLBACK")
+        first.execute(end)
+        assert got is None and waited < 0.5, (got, waited)
+        assert xid is None, "the rival that lost wrote something"
+        again = acquire_lease(rival, "freed", "rival", 60, bind_session=bind)
+        if end == "COMMIT":
+            assert again is None
+        else:
+            assert again is not None
+
+
 def test_the_same_holder_renewing_a_row_renewed_while_it_waited_keeps_the_later_times(db):
     with db.connect() as a, db.connect() as b:
         token = acquire_lease(a, "both", "h", 60)
