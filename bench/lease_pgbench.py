@@ -28,6 +28,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="0,1",
         help="one name: comma-separated pauses after a miss, in ms (default 0,1: flat out, then 1 ms)",
     )
+    parser.add_argument(
+        "--sample-waits",
+        action="store_true",
+        help="one name: sample pg_stat_activity every 5 ms and report the share of releases in flight "
+        "that wait for a lock (behind another client)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     return parser
 
@@ -90,16 +97,44 @@ def _free_the_name(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE bench_bare_leases SET expires_at = clock_timestamp() WHERE name = %s", (ONE_NAME,))
 
 
+# What a release of either design looks like in pg_stat_activity.query.
+RELEASES = "query LIKE '%release_lease%' OR query LIKE 'UPDATE bench_bare_leases%'"
+
+
+def _sample_release_waits(dsn: str, stop: threading.Event, out: dict[str, int]) -> None:
+    """Until ``stop``: every 5 ms, count pgbench's releases in flight, and those waiting for a
+    heavyweight lock (a row's tuple lock or another transaction's end: behind another client)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not stop.wait(0.005):
+            active, waiting = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity"
+                f" WHERE application_name = 'pgbench' AND state = 'active' AND ({RELEASES})"
+            ).fetchone()
+            out["active"] += active
+            out["waiting"] += waiting
+
+
 def run_one_name(
-    pgbench: str, dsn: str, design: str, clients: int, seconds: int, pause_ms: float
-) -> tuple[float, float]:
-    """One pgbench run of ``design`` with every client on one name; returns (cycles/s, attempts/s)."""
+    pgbench: str, dsn: str, design: str, clients: int, seconds: int, pause_ms: float, sample: bool = False
+) -> tuple[float, float, float | None]:
+    """One pgbench run of ``design`` with every client on one name; returns (cycles/s, attempts/s,
+    the share of releases in flight found waiting for a lock if ``sample``, else None)."""
     literals = {"spread": "0", "miss_pause_us": str(round(pause_ms * 1000))}
     env = {**os.environ, "PGOPTIONS": f"{os.environ.get('PGOPTIONS', '')} -c track_functions=pl".strip()}
+    waits = {"active": 0, "waiting": 0}
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_release_waits, args=(dsn, stop, waits))
     with psycopg.connect(dsn, autocommit=True) as conn:
         _free_the_name(conn)
         before = _cycles(conn, design)
-        attempts = run_pgbench(pgbench, dsn, SCRIPTS[design], clients, seconds, literals, env)
+        if sample:
+            sampler.start()
+        try:
+            attempts = run_pgbench(pgbench, dsn, SCRIPTS[design], clients, seconds, literals, env)
+        finally:
+            stop.set()
+            if sample:
+                sampler.join()
         # pgbench's sessions report their function counts as they exit: wait until they are in.
         after, deadline = _cycles(conn, design), time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -108,7 +143,8 @@ def run_one_name(
             if settled == after:
                 break
             after = settled
-    return (after - before) / seconds, attempts
+    share = waits["waiting"] / waits["active"] if sample and waits["active"] else None
+    return (after - before) / seconds, attempts, share
 
 
 def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
@@ -147,12 +183,19 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     for clients in args.one_name_clients:
         for pause in pauses:
             rates: dict[str, list[tuple[float, float]]] = {d: [] for d in SCRIPTS}
+            waits: dict[str, list[float]] = {d: [] for d in SCRIPTS}
             for r in range(args.runs):
                 for design in list(SCRIPTS) if r % 2 == 0 else list(SCRIPTS)[::-1]:
-                    rates[design].append(run_one_name(pgbench, dsn, design, clients, args.seconds, pause))
+                    cycles, attempts, share = run_one_name(
+                        pgbench, dsn, design, clients, args.seconds, pause, args.sample_waits
+                    )
+                    rates[design].append((cycles, attempts))
+                    if share is not None:
+                        waits[design].append(share)
                     print(
                         f"[lease pgbench] one name, clients={clients} pause={pause} ms run {r + 1} {design}: "
-                        f"{rates[design][-1][0]:,.0f} cycles/s, {rates[design][-1][1]:,.0f} attempts/s",
+                        f"{cycles:,.0f} cycles/s, {attempts:,.0f} attempts/s"
+                        + ("" if share is None else f", releases waiting for a lock {share:.0%}"),
                         file=sys.stderr,
                     )
             kit = statistics.median(c for c, _ in rates["pglockkit"])
@@ -162,6 +205,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                     "clients": clients,
                     "miss_pause_ms": pause,
                     "runs": rates,
+                    "release_lock_waits": waits if args.sample_waits else None,
                     "ratio": kit / bare if bare else None,
                 }
             )
@@ -210,6 +254,21 @@ def render_markdown(env: dict[str, Any], args: argparse.Namespace, each: list[di
             f"| {r['clients']} | {r['miss_pause_ms']:g} ms | {spread([c for c, _ in kit])} "
             f"| {spread([c for c, _ in bare])} | {ratio} | {attempts[0]:,.0f} vs {attempts[1]:,.0f} |"
         )
+    sampled = [r for r in one if r.get("release_lock_waits")]
+    if sampled:
+        lines += [
+            "",
+            "Releases in flight found waiting for a lock (pg_stat_activity every 5 ms: a row's tuple lock",
+            "or another transaction's end, i.e. behind another client), median of the runs:",
+            "",
+            "| clients | pause after a miss | pglockkit | bare upsert |",
+            "|--:|--:|--:|--:|",
+        ]
+        for r in sampled:
+            shares = [statistics.median(r["release_lock_waits"][d] or [0.0]) for d in SCRIPTS]
+            lines.append(
+                f"| {r['clients']} | {r['miss_pause_ms']:g} ms | {shares[0]:.0%} | {shares[1]:.0%} |"
+            )
     return "\n".join(lines)
 
 

@@ -9,7 +9,9 @@ own autocommit statement, for --seconds. Two shapes:
 Contenders poll as fast as they can by default; with --miss-pause-ms P a client that did not get
 the lease sleeps P ms before it tries again, as a real poller would. Polling flat out, the
 cycles/s of the contended shape also measure how much CPU the losers leave the holder: a loser
-that answers sooner polls more often.
+that answers sooner polls more often. The clients are threads of this process by default, so
+there they also share one GIL: a holder's release waits for it behind losers that answer at once.
+--processes runs each client in a process of its own, as separate pods would.
 
 The baseline does the same with plain SQL on a plain table: an `INSERT ... ON CONFLICT DO UPDATE
 ... WHERE expired OR same holder RETURNING token` upsert to acquire and an `UPDATE` to release,
@@ -26,6 +28,7 @@ Reproduce: python -m bench.lease_throughput --embedded   (or --dsn DSN); about 4
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import platform
 import shlex
 import statistics
@@ -72,8 +75,8 @@ def _client(
     name: str,
     holder: str,
     seconds: float,
-    barrier: threading.Barrier,
-    out: list[tuple[int, int]],
+    barrier: Any,
+    out: Any,
     miss_pause: float = 0.0,
 ) -> None:
     acquire, release = DESIGNS[design]
@@ -95,13 +98,39 @@ def _client(
     out.append((cycles, attempts))
 
 
+class _Results:
+    """What a client process appends to: its parent's queue."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def append(self, item: tuple[int, int]) -> None:
+        self.queue.put(item)
+
+
 def run_once(
-    dsn: str, design: str, clients: int, contended: bool, seconds: float, tag: str, miss_pause: float = 0.0
+    dsn: str,
+    design: str,
+    clients: int,
+    contended: bool,
+    seconds: float,
+    tag: str,
+    miss_pause: float = 0.0,
+    processes: bool = False,
 ) -> tuple[float, float]:
-    barrier = threading.Barrier(clients)
-    out: list[tuple[int, int]] = []
+    """One run of ``clients`` clients (threads, or processes); returns (cycles/s, attempts/s)."""
+    if processes:
+        ctx = multiprocessing.get_context("fork")
+        barrier: Any = ctx.Barrier(clients)
+        queue = ctx.Queue()
+        out: Any = _Results(queue)
+        spawn: Any = ctx.Process
+    else:
+        barrier = threading.Barrier(clients)
+        out = []
+        spawn = threading.Thread
     threads = [
-        threading.Thread(
+        spawn(
             target=_client,
             args=(
                 dsn,
@@ -118,8 +147,14 @@ def run_once(
     ]
     for t in threads:
         t.start()
+    if processes:
+        results = [queue.get(timeout=seconds + 60) for _ in threads]
     for t in threads:
         t.join()
+    if processes:
+        if any(t.exitcode != 0 for t in threads):
+            raise RuntimeError(f"a client process failed: exit codes {[t.exitcode for t in threads]}")
+        out = results
     return sum(c for c, _ in out) / seconds, sum(a for _, a in out) / seconds
 
 
@@ -137,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="a client that did not get the lease sleeps this long before it tries again "
         "(default 0: contenders poll as fast as they can)",
+    )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="each client in a process of its own (default: threads of this process, sharing its GIL)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     return parser
@@ -160,7 +200,9 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
                 for design in order:
                     tag = f"{design[:3]}-{clients}-{int(contended)}-{run}-{time.time_ns()}"
                     pause = args.miss_pause_ms / 1000
-                    rates[design].append(run_once(dsn, design, clients, contended, args.seconds, tag, pause))
+                    rates[design].append(
+                        run_once(dsn, design, clients, contended, args.seconds, tag, pause, args.processes)
+                    )
                     print(
                         f"clients={clients} contended={contended} run={run + 1} {design}: "
                         f"{rates[design][-1][0]:,.0f} cycles/s",
@@ -194,10 +236,14 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         "nproc": nproc(),
         "seconds": args.seconds,
         "miss_pause_ms": args.miss_pause_ms,
+        "clients_as": "processes" if args.processes else "threads",
         "runs": args.runs,
     }
     lines = ["# pglockkit lease throughput", ""]
-    lines += [f"- {key}: {env[key]}" for key in ("date", "command", "server_version", "platform", "nproc")]
+    lines += [
+        f"- {key}: {env[key]}"
+        for key in ("date", "command", "server_version", "platform", "nproc", "clients_as")
+    ]
     lines += [
         "",
         "acquire + release cycles per second (median (min-max) of runs; each call one autocommit statement);",

@@ -356,18 +356,23 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass NULL to use the server''s lock_timeout.';
     END IF;
 
-    v_id := coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
-
-    -- Insert, or find what is in the way. ON CONFLICT waits for a concurrent registration of the
-    -- same name or id to commit, so every pod registering at start-up gets the same answer.
-    INSERT INTO pglockkit.namespaces AS n (id, name, description, lock_timeout)
-    VALUES (v_id, register_namespace.name, register_namespace.description, register_namespace.lock_timeout)
-    ON CONFLICT DO NOTHING;
-    IF FOUND THEN
-        RETURN v_id;
-    END IF;
-
+    -- A name registered already (every pod at start-up, again and again) is answered from the
+    -- table. The INSERT below fires the statement trigger that compiles the registry whether or not
+    -- it inserts, and replacing _ns_registry invalidates, in every session, each cached plan that
+    -- inlined it (0018).
     SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    IF NOT FOUND THEN
+        v_id := coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+        -- Insert, or find what is in the way. ON CONFLICT waits for a concurrent registration of the
+        -- same name or id to commit, so every pod registering at start-up gets the same answer.
+        INSERT INTO pglockkit.namespaces AS n (id, name, description, lock_timeout)
+        VALUES (v_id, register_namespace.name, register_namespace.description, register_namespace.lock_timeout)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+        SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    END IF;
     IF v_id IS NOT NULL THEN
         IF register_namespace.id IS NOT NULL AND v_id <> register_namespace.id THEN
             RAISE EXCEPTION 'namespace "%" is already registered with id %, not %', register_namespace.name, v_id, register_namespace.id
@@ -381,6 +386,11 @@ BEGIN
                updated_at   = pg_catalog.clock_timestamp()
          WHERE n.id = v_id
            AND (register_namespace.description IS NOT NULL OR register_namespace.lock_timeout IS NOT NULL);
+        -- The compiled registry may lack the name (a REPEATABLE READ registration that could not
+        -- see it compiled without it): registering it again compiles it in.
+        IF pglockkit._ns_registry(register_namespace.name) IS DISTINCT FROM v_id THEN
+            PERFORM pglockkit._compile_ns_registry();
+        END IF;
         RETURN v_id;
     END IF;
 
@@ -1329,10 +1339,10 @@ COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
 CREATE FUNCTION pglockkit._lease_take_key(name text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'lease-take:' || name);
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), pg_catalog.hashtextextended(name, 0) & 140737488355327);
 END;
 COMMENT ON FUNCTION pglockkit._lease_take_key(text) IS
-    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, resource lease-take:<name>) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
+    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, an integer resource: 47 bits of hashtextextended(name, 0), which costs less than the sha256 of a text resource and needs to agree only within one server) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
 
 CREATE FUNCTION pglockkit._lease_drop_stale_key(name text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -4368,6 +4378,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_lease_take_guard');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration');
 
 COMMIT;

@@ -347,18 +347,23 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass NULL to use the server''s lock_timeout.';
     END IF;
 
-    v_id := coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
-
-    -- Insert, or find what is in the way. ON CONFLICT waits for a concurrent registration of the
-    -- same name or id to commit, so every pod registering at start-up gets the same answer.
-    INSERT INTO pglockkit.namespaces AS n (id, name, description, lock_timeout)
-    VALUES (v_id, register_namespace.name, register_namespace.description, register_namespace.lock_timeout)
-    ON CONFLICT DO NOTHING;
-    IF FOUND THEN
-        RETURN v_id;
-    END IF;
-
+    -- A name registered already (every pod at start-up, again and again) is answered from the
+    -- table. The INSERT below fires the statement trigger that compiles the registry whether or not
+    -- it inserts, and replacing _ns_registry invalidates, in every session, each cached plan that
+    -- inlined it (0018).
     SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    IF NOT FOUND THEN
+        v_id := coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+        -- Insert, or find what is in the way. ON CONFLICT waits for a concurrent registration of the
+        -- same name or id to commit, so every pod registering at start-up gets the same answer.
+        INSERT INTO pglockkit.namespaces AS n (id, name, description, lock_timeout)
+        VALUES (v_id, register_namespace.name, register_namespace.description, register_namespace.lock_timeout)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+        SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    END IF;
     IF v_id IS NOT NULL THEN
         IF register_namespace.id IS NOT NULL AND v_id <> register_namespace.id THEN
             RAISE EXCEPTION 'namespace "%" is already registered with id %, not %', register_namespace.name, v_id, register_namespace.id
@@ -372,6 +377,11 @@ BEGIN
                updated_at   = pg_catalog.clock_timestamp()
          WHERE n.id = v_id
            AND (register_namespace.description IS NOT NULL OR register_namespace.lock_timeout IS NOT NULL);
+        -- The compiled registry may lack the name (a REPEATABLE READ registration that could not
+        -- see it compiled without it): registering it again compiles it in.
+        IF pglockkit._ns_registry(register_namespace.name) IS DISTINCT FROM v_id THEN
+            PERFORM pglockkit._compile_ns_registry();
+        END IF;
         RETURN v_id;
     END IF;
 

@@ -462,10 +462,10 @@ COMMENT ON FUNCTION pglockkit._lease_session_key(text, integer) IS
 CREATE FUNCTION pglockkit._lease_take_key(name text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'lease-take:' || name);
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), pg_catalog.hashtextextended(name, 0) & 140737488355327);
 END;
 COMMENT ON FUNCTION pglockkit._lease_take_key(text) IS
-    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, resource lease-take:<name>) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
+    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, an integer resource: 47 bits of hashtextextended(name, 0), which costs less than the sha256 of a text resource and needs to agree only within one server) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
 
 CREATE FUNCTION pglockkit._lease_drop_stale_key(name text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE

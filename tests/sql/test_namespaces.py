@@ -231,3 +231,34 @@ def test_concurrent_registrations_of_different_names_all_reach_the_compiled_regi
     ).fetchall()
     assert len(rows) == 16
     assert all(compiled == nid for _, nid, compiled in rows), rows
+
+
+def test_registering_a_name_again_leaves_every_sessions_cached_plans_alone(db):
+    """register_namespace is called again and again (every pod at start-up, an agent per task).
+    Once a name is registered, another call answers from the table: it must not compile the
+    registry again, since replacing _ns_registry invalidates, in every session, each cached plan
+    that inlined it (every prepared named lock is planned again), and takes the compiler's lock
+    and a catalog write. Before, its INSERT ... ON CONFLICT DO NOTHING fired the statement trigger
+    that compiles, whether or not it inserted. A name the compiled registry lacks (a REPEATABLE
+    READ registration that could not see it) is still compiled in by registering it again."""
+
+    def compiled_version():
+        return db.conn.execute(
+            "SELECT xmin::text FROM pg_proc WHERE oid = 'pglockkit._ns_registry'::regproc"
+        ).fetchone()[0]
+
+    pglockkit.register_namespace(db.conn, "again", 94)
+    before = compiled_version()
+    for _ in range(3):
+        assert pglockkit.register_namespace(db.conn, "again") == 94
+        assert pglockkit.register_namespace(db.conn, "again", 94) == 94
+    assert pglockkit.register_namespace(db.conn, "again", description="updated") == 94
+    assert compiled_version() == before
+
+    # What a registration that could not see 'again' would have compiled: registering it again mends it.
+    db.conn.execute(
+        "CREATE OR REPLACE FUNCTION pglockkit._ns_registry(ns text) RETURNS smallint"
+        " LANGUAGE sql STABLE PARALLEL SAFE BEGIN ATOMIC SELECT NULL::int2; END"
+    )
+    assert pglockkit.register_namespace(db.conn, "again") == 94
+    assert db.conn.execute("SELECT pglockkit._ns_registry('again')").fetchone()[0] == 94

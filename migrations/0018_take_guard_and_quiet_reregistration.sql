@@ -1,4 +1,4 @@
--- pglockkit 0018: a contender for a free lease never waits (issue 16).
+-- pglockkit 0018: a contender for a free lease never waits (issue 16); re-registering is quiet.
 -- * acquire_lease took a free lease (released, expired, or a new name) by locking its row, and a
 --   rival that saw it free at the same moment waited for the taker's transaction to end, then
 --   locked the row it had lost (a transaction id, and a disk flush at its commit). Pollers of a
@@ -7,16 +7,96 @@
 --   a free lease now try the lease's take guard first (_lease_take_key, a transaction-level
 --   advisory key in the pglockkit namespace): one at a time takes it, the others answer NULL at
 --   once and write nothing. The live holder renewing never tries the guard.
+-- * register_namespace of a name registered already (every pod at start-up) compiled the registry
+--   again: its INSERT ... ON CONFLICT DO NOTHING fired the statement trigger, and replacing
+--   _ns_registry invalidated, in every session, each cached plan that inlined it. It now answers
+--   from the table, and compiles only if the compiled registry lacks the name.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
-CREATE FUNCTION pglockkit._lease_take_key(name text) RETURNS bigint
+CREATE OR REPLACE FUNCTION pglockkit.register_namespace(
+    name text, id integer DEFAULT NULL, description text DEFAULT NULL, lock_timeout interval DEFAULT NULL)
+RETURNS smallint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id   smallint;
+    v_name text;
+BEGIN
+    IF register_namespace.name IS NULL THEN
+        RAISE EXCEPTION 'namespace name must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF register_namespace.name OPERATOR(pg_catalog.!~) '^[a-z][a-z0-9_.:-]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid namespace name "%"', register_namespace.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A namespace name is 1 to 63 characters: a lowercase letter, then lowercase letters, digits, or _ . : -';
+    END IF;
+    IF register_namespace.id IS NOT NULL AND register_namespace.id NOT BETWEEN 1 AND 32767 THEN
+        RAISE EXCEPTION 'namespace id % is out of range', register_namespace.id
+            USING ERRCODE = 'numeric_value_out_of_range', HINT = 'Namespace ids are 1 to 32767.';
+    END IF;
+    IF register_namespace.lock_timeout IS NOT NULL AND register_namespace.lock_timeout OPERATOR(pg_catalog.<=) interval '0' THEN
+        RAISE EXCEPTION 'namespace lock_timeout must be positive, got %', register_namespace.lock_timeout
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass NULL to use the server''s lock_timeout.';
+    END IF;
+
+    -- A name registered already (every pod at start-up, again and again) is answered from the
+    -- table. The INSERT below fires the statement trigger that compiles the registry whether or not
+    -- it inserts, and replacing _ns_registry invalidates, in every session, each cached plan that
+    -- inlined it (0018).
+    SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    IF NOT FOUND THEN
+        v_id := coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+        -- Insert, or find what is in the way. ON CONFLICT waits for a concurrent registration of the
+        -- same name or id to commit, so every pod registering at start-up gets the same answer.
+        INSERT INTO pglockkit.namespaces AS n (id, name, description, lock_timeout)
+        VALUES (v_id, register_namespace.name, register_namespace.description, register_namespace.lock_timeout)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+        SELECT n.id INTO v_id FROM pglockkit.namespaces n WHERE n.name = register_namespace.name;
+    END IF;
+    IF v_id IS NOT NULL THEN
+        IF register_namespace.id IS NOT NULL AND v_id <> register_namespace.id THEN
+            RAISE EXCEPTION 'namespace "%" is already registered with id %, not %', register_namespace.name, v_id, register_namespace.id
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Namespace ids are permanent: keys computed with the old id are in use. Register without an id, or with the existing one.';
+        END IF;
+        -- Idempotent re-registration; a non-NULL description or lock_timeout updates the entry.
+        UPDATE pglockkit.namespaces n
+           SET description  = coalesce(register_namespace.description, n.description),
+               lock_timeout = coalesce(register_namespace.lock_timeout, n.lock_timeout),
+               updated_at   = pg_catalog.clock_timestamp()
+         WHERE n.id = v_id
+           AND (register_namespace.description IS NOT NULL OR register_namespace.lock_timeout IS NOT NULL);
+        -- The compiled registry may lack the name (a REPEATABLE READ registration that could not
+        -- see it compiled without it): registering it again compiles it in.
+        IF pglockkit._ns_registry(register_namespace.name) IS DISTINCT FROM v_id THEN
+            PERFORM pglockkit._compile_ns_registry();
+        END IF;
+        RETURN v_id;
+    END IF;
+
+    SELECT n.name INTO v_name FROM pglockkit.namespaces n
+     WHERE n.id OPERATOR(pg_catalog.=) coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+    RAISE EXCEPTION 'namespace id % is already held by namespace "%"',
+            coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name)), v_name
+        USING ERRCODE = 'unique_violation',
+              HINT = pg_catalog.format('Choose a free id explicitly: SELECT pglockkit.register_namespace(%L, <id>);', register_namespace.name);
+END
+$$;
+COMMENT ON FUNCTION pglockkit.register_namespace(text, integer, text, interval) IS
+    'Registers a lock namespace and returns its id (1..32767). Without an id, the id is derived from the name, the same in every database. Idempotent: registering an existing name again returns its id (a non-NULL description or lock_timeout updates it). A name already registered under another id, or an id held by another name, is error 23505 naming the holder.';
+
+CREATE OR REPLACE FUNCTION pglockkit._lease_take_key(name text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'lease-take:' || name);
+    SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), pg_catalog.hashtextextended(name, 0) & 140737488355327);
 END;
 COMMENT ON FUNCTION pglockkit._lease_take_key(text) IS
-    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, resource lease-take:<name>) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
+    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, an integer resource: 47 bits of hashtextextended(name, 0), which costs less than the sha256 of a text resource and needs to agree only within one server) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
 
 CREATE OR REPLACE FUNCTION pglockkit.acquire_lease(name text, holder text, ttl interval, bind_session boolean DEFAULT false)
 RETURNS bigint
