@@ -643,7 +643,7 @@ def test_a_rival_gets_null_at_once_while_another_acquirer_takes_a_free_lease(db,
 
 @pytest.mark.xfail(
     strict=True,
-    reason="0018: every free lease a transaction takes holds its take guard, an entry in the shared lock table, until it ends",
+    reason="0018: each free lease a transaction takes holds a take guard (a lock table entry) until it ends",
 )
 def test_a_transaction_that_takes_many_free_leases_does_not_fill_the_servers_lock_table(db, advisory_locks):
     """A pod claims its shards in one statement (SELECT acquire_lease(name, ...) FROM shards).
