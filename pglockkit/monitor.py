@@ -116,13 +116,35 @@ def _key_text(r: dict) -> str:
     return str(r["key"]) if r["key"] is not None else f"({r['key1']}, {r['key2']})"
 
 
+def _is_take_guard(r: dict) -> bool:
+    """A lease's take guard (0018): the kit's only integer key in its own namespace (its other keys
+    are text keys, bit 47 set), held by a transaction that is taking a free lease until it ends."""
+    return r["namespace"] == "pglockkit" and r["key"] is not None and not r["key"] & (1 << 47)
+
+
+def _take_guard_finding(r: dict, how: str) -> Finding:
+    return Finding(
+        "warning",
+        "open lease take",
+        f"pid {r['pid']} ({r['application_name'] or '?'}) holds the take guard of a lease it took in a "
+        f"transaction still open (advisory lock pglockkit/{r['key']}), {how}: until that transaction "
+        "ends, the lease is not taken for anyone else to see and its rivals get NULL",
+        "Commit or roll back that transaction (acquire_lease's guard is a transaction lock: "
+        "pglockkit.unlock cannot release it), take leases with autocommit, or end the session: "
+        f"SELECT pg_terminate_backend({r['pid']});",
+    )
+
+
 def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Finding]:
     """Sessions holding an advisory lock while idle at least ``idle_after`` (rows of
     ``pglockkit.idle_lock_holders``): a warning, or for a connection a pglockkit client dedicated
-    to the lock (``dedicated``), a note."""
+    to the lock (``dedicated``), a note. A lease's take guard is named as such."""
     findings = []
     for r in rows:
         if r["idle_for"] is None or r["idle_for"] < idle_after:
+            continue
+        if _is_take_guard(r):
+            findings.append(_take_guard_finding(r, f"{r['state']} for {fmt.age(r['idle_for'])}"))
             continue
         key = _key_text(r)
         if r["dedicated"]:
@@ -165,6 +187,9 @@ def check_long_holds(rows: list[dict], held_after: timedelta, idle_after: timede
             continue
         if r["idle_for"] is not None and r["idle_for"] >= idle_after:
             continue  # an idle lock holder: reported as such
+        if _is_take_guard(r):
+            findings.append(_take_guard_finding(r, f"for at least {fmt.age(r['held_for'])}"))
+            continue
         key = _key_text(r)
         who = f"pid {r['pid']} ({r['application_name'] or '?'})"
         findings.append(

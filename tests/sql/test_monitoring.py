@@ -703,6 +703,28 @@ def test_doctor_does_not_call_a_live_sole_writer_run_once_or_lease_a_leaked_pool
     assert sorted(d for _, d in flags) == [False, True, True, True], flags
 
 
+def test_doctor_names_a_lease_take_left_open_in_an_idle_transaction_for_what_it_is(db):
+    """Since 0018 a transaction that takes a free lease holds the lease's take guard, a transaction
+    lock in the pglockkit namespace, until it ends. A handler that took a lease with autocommit off
+    and went on with other work idles in transaction with it: doctor called it "a session lock
+    left on a pooled connection?" on a key that is a hash nobody can place, and proposed
+    pglockkit.unlock, which cannot release a transaction's lock (before 0018 the same transaction
+    held no advisory lock and doctor said nothing of it). It names the take guard and the fix:
+    end that transaction."""
+    with db.connect(autocommit=False) as handler:
+        assert pglockkit.acquire_lease(handler, "nightly-refresh", "pod-a", 60) is not None
+        pid = handler.info.backend_pid
+        time.sleep(1.2)  # the handler works on, its transaction open
+        findings = monitor.doctor(db.conn, idle_after=timedelta(seconds=1))
+        handler.rollback()
+    assert not [f for f in findings if f.check == "idle lock holder"], findings
+    takes = [f for f in findings if f.check == "open lease take"]
+    assert len(takes) == 1, findings
+    assert f"pid {pid} " in takes[0].message
+    assert "take guard" in takes[0].message and "idle in transaction" in takes[0].message
+    assert "Commit or roll back" in takes[0].fix
+
+
 def test_lock_holds_tells_how_long_a_lock_has_been_held_whatever_its_session_does(db, ns, as_role):
     """pg_locks does not say when a lock was taken, and a holder's state age restarts at each of
     its transactions. sample() keeps when it first saw each (session, lock): a session lock held
