@@ -118,7 +118,7 @@ def _key_text(r: dict) -> str:
 
 def _is_take_guard(r: dict) -> bool:
     """A lease's take guard (0018): the kit's only integer key in its own namespace (its other keys
-    are text keys, bit 47 set), held by a transaction that is taking a free lease until it ends."""
+    are text keys, bit 47 set), held by a transaction that created a lease's name until it ends."""
     return r["namespace"] == "pglockkit" and r["key"] is not None and not r["key"] & (1 << 47)
 
 
@@ -126,9 +126,9 @@ def _take_guard_finding(r: dict, how: str) -> Finding:
     return Finding(
         "warning",
         "open lease take",
-        f"pid {r['pid']} ({r['application_name'] or '?'}) holds the take guard of a lease it took in a "
+        f"pid {r['pid']} ({r['application_name'] or '?'}) holds the take guard of a lease it created in a "
         f"transaction still open (advisory lock pglockkit/{r['key']}), {how}: until that transaction "
-        "ends, the lease is not taken for anyone else to see and its rivals get NULL",
+        "ends, nobody else sees the lease and its rivals get NULL",
         "Commit or roll back that transaction (acquire_lease's guard is a transaction lock: "
         "pglockkit.unlock cannot release it), take leases with autocommit, or end the session: "
         f"SELECT pg_terminate_backend({r['pid']});",

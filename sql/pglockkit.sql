@@ -970,13 +970,16 @@ COMMENT ON FUNCTION pglockkit._check_lease_args(text, text, interval) IS
 -- the holder nor the other contenders (the second look below, on a new snapshot, answers NULL). If
 -- the row changed meanwhile, the UPDATE waits for it, then decides again on its newest version
 -- (EvalPlanQual), computing the new values again, and keeps the row locked whatever it decides.
--- So a free row qualifies only for the one taker that gets the lease's take guard (a
--- transaction-level try-lock, 0018): rivals that saw the row free at the same moment answer NULL
--- instead of waiting for the taker's commit and then locking the row they lost, each in turn
--- behind the other's disk flush, with the new holder's release queued behind them all (one name
--- polled by 8 pgbench clients: 274 acquisitions a second before, 694 after, PG 18). What the guard
--- cannot cover is a rival whose statement began before the taker committed and reaches the row
--- after: it still locks the newest version, finds it taken, and commits a row lock.
+-- So a free row qualifies only for the one taker that locks it first, by a sub-select FOR NO KEY
+-- UPDATE SKIP LOCKED of the same row: rivals that saw the row free at the same moment skip it and
+-- answer NULL instead of waiting for the taker's commit and then locking the row they lost, each in
+-- turn behind the other's disk flush, with the new holder's release queued behind them all (one
+-- name polled by 8 pgbench clients: 274 acquisitions a second before 0018, 694 after, PG 18).
+-- 0018 did this with an advisory try-lock, a take guard, which held an entry of the server's
+-- shared lock table per lease taken until the transaction ended and was shared by names whose
+-- hashes collide; a row lock is kept in the row. What neither covers is a rival whose statement
+-- began before the taker committed and reaches the row after: it locks the newest version, finds
+-- it taken, and commits a row lock.
 -- Two consequences, both bounded. The clock is read once, before the statement (v_now), so that
 -- the decision and the times agree; the statement returns a second reading, taken after the row
 -- is ours, and if the two are more than a millisecond apart (it waited for the row) the lease is
@@ -1037,8 +1040,12 @@ BEGIN
          WHERE l.name = acquire_lease.name
            AND CASE WHEN l.session_bound THEN false
                     WHEN l.released_at IS NULL AND l.expires_at > v_now THEN l.holder = acquire_lease.holder
-                    -- Free: one taker at a time (the take guard, held to the end of the transaction).
-                    ELSE pg_catalog.pg_try_advisory_xact_lock(pglockkit._lease_take_key(acquire_lease.name)) END
+                    -- Free: one taker at a time, the one that locks it; a row another
+                    -- transaction has locked is skipped, not waited for (0019).
+                    ELSE EXISTS (SELECT FROM pglockkit.leases f
+                                  WHERE f.name = acquire_lease.name AND NOT f.session_bound
+                                    AND (f.released_at IS NOT NULL OR f.expires_at <= v_now)
+                                    FOR NO KEY UPDATE SKIP LOCKED) END
         RETURNING l.token, pg_catalog.clock_timestamp() INTO v_token, v_got;
         IF v_got - v_now <= interval '1 millisecond' THEN  -- NULL (false) if no row was updated
             RETURN v_token;
@@ -1057,9 +1064,7 @@ BEGIN
     -- NULL here rather than wait for the row. A lease another holder has live: NULL (a session-bound
     -- one if its holder's backend lives, holding its key; a free key is kept by this transaction, as
     -- below): locking the row would wait for the holder's writer, whose check_fence holds it FOR
-    -- SHARE until it commits (0015). A free lease or a new name: one taker at a time, by the take
-    -- guard; while another transaction holds it (it is taking the lease, or took it, and has not
-    -- ended), NULL (0018). Only the live holder renewing goes on to lock the row regardless.
+    -- SHARE until it commits (0015). Only the live holder renewing goes on to wait for the row.
     SELECT CASE WHEN h.released_at IS NULL AND h.expires_at > pg_catalog.clock_timestamp() THEN
                      CASE WHEN h.holder = acquire_lease.holder THEN 'mine'
                           WHEN h.session_bound AND h.session_key IS NOT NULL THEN 'bound'
@@ -1074,10 +1079,6 @@ BEGIN
     IF v_state = 'bound' AND v_seen_pid <> v_pid AND NOT pg_catalog.pg_try_advisory_xact_lock(v_seen) THEN
         RETURN NULL;
     END IF;
-    IF v_state IS DISTINCT FROM 'mine'
-       AND NOT pg_catalog.pg_try_advisory_xact_lock(pglockkit._lease_take_key(acquire_lease.name)) THEN
-        RETURN NULL;
-    END IF;
 
     DECLARE
         v_key   bigint := pglockkit._lease_session_key(acquire_lease.name, v_pid);
@@ -1085,30 +1086,52 @@ BEGIN
         v_bind  bigint;  -- the key this acquisition binds to, NULL if unbound
         v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks
                                    -- shows it like a session lock, so _advisory_held cannot tell them apart)
-        v_tries integer := 0;
+        v_new   text;              -- new names this transaction created under a take guard
         v_since timestamptz;       -- acquired_at of a live lease its holder binds (0012)
     BEGIN
         IF bind_session THEN
             v_bind := v_key;
         END IF;
 
-        -- Lock the name's row: a concurrent acquirer waits here, then sees this transaction's
-        -- outcome. A new name (or one whose row prune_leases deleted) first gets a row that is
-        -- free; this transaction takes it below, like any free lease, with a token drawn once the
-        -- row is ours.
+        -- Lock the name's row. The live holder renewing waits for it (for its own fenced writer,
+        -- say). Anyone else takes a lease only if it gets the row at once: a row another
+        -- transaction has locked (it is taking, releasing or pruning the lease, or its holder's
+        -- fenced writer holds it) answers NULL, and the next call sees the outcome (0019). A new
+        -- name (or one whose row prune_leases deleted) first gets a row that is free, taken below
+        -- like any free lease, with a token drawn once the row is ours.
         LOOP
-            SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
+            IF v_state = 'mine' THEN
+                SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
+            ELSE
+                SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name
+                   FOR UPDATE SKIP LOCKED;
+            END IF;
             EXIT WHEN FOUND;
-            v_tries := v_tries OPERATOR(pg_catalog.+) 1;
-            IF v_tries > 3 THEN
-                -- Under REPEATABLE READ or SERIALIZABLE: the row was created after our snapshot.
-                RAISE EXCEPTION 'lease "%" was created or deleted concurrently', acquire_lease.name
-                    USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
+            IF v_state IS NOT NULL THEN
+                RETURN NULL;  -- locked by another transaction (or deleted since the look)
+            END IF;
+            -- No row: a new name. An INSERT of it would wait for another transaction inserting
+            -- the same name, so one creator at a time takes it: the one that gets its take guard
+            -- (a transaction-level try-lock, 0018); the others answer NULL at once. Each guard
+            -- holds an entry of the server's shared lock table until the transaction ends, so a
+            -- transaction takes guards for its first max_locks_per_transaction / 2 new names
+            -- only (32 by default; counted in the transaction's setting pglockkit.new_leases),
+            -- and creates any more as an INSERT does, waiting for a concurrent creator (0019).
+            v_new := pg_catalog.current_setting('pglockkit.new_leases', true);
+            v_new := CASE WHEN v_new ~ '^[0-9]{1,9}$' THEN v_new ELSE '0' END;
+            IF v_new::integer < pg_catalog.current_setting('max_locks_per_transaction')::integer / 2 THEN
+                IF NOT pg_catalog.pg_try_advisory_xact_lock(pglockkit._lease_take_key(acquire_lease.name)) THEN
+                    RETURN NULL;
+                END IF;
+                PERFORM pg_catalog.set_config('pglockkit.new_leases', (v_new::integer + 1)::text, true);
             END IF;
             v_now := pg_catalog.clock_timestamp();
             INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
             VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+            -- Ours now, or another's that was committed meanwhile (under REPEATABLE READ or
+            -- SERIALIZABLE, one committed after this snapshot fails the INSERT with 40001).
+            v_state := 'free';
         END LOOP;
 
         v_now := pg_catalog.clock_timestamp();  -- after any wait for the row
@@ -1342,7 +1365,7 @@ BEGIN ATOMIC
     SELECT pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), pg_catalog.hashtextextended(name, 0) & 140737488355327);
 END;
 COMMENT ON FUNCTION pglockkit._lease_take_key(text) IS
-    'Private: the take guard of the lease on name, an advisory key (namespace pglockkit, an integer resource: 47 bits of hashtextextended(name, 0), which costs less than the sha256 of a text resource and needs to agree only within one server) that acquire_lease try-locks at transaction level before it takes a free lease: one taker at a time, the others answer NULL at once. Inlined.';
+    'Private: the take guard of a new lease name, an advisory key (namespace pglockkit, an integer resource: 47 bits of hashtextextended(name, 0), which costs less than the sha256 of a text resource and needs to agree only within one server) that acquire_lease try-locks at transaction level before it creates the lease''s row: one creator at a time, the others answer NULL at once. Inlined.';
 
 CREATE FUNCTION pglockkit._lease_drop_stale_key(name text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -4378,6 +4401,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration'), ('0019_leases_taken_by_row_lock');
 
 COMMIT;

@@ -704,13 +704,13 @@ def test_doctor_does_not_call_a_live_sole_writer_run_once_or_lease_a_leaked_pool
 
 
 def test_doctor_names_a_lease_take_left_open_in_an_idle_transaction_for_what_it_is(db):
-    """Since 0018 a transaction that takes a free lease holds the lease's take guard, a transaction
-    lock in the pglockkit namespace, until it ends. A handler that took a lease with autocommit off
-    and went on with other work idles in transaction with it: doctor called it "a session lock
-    left on a pooled connection?" on a key that is a hash nobody can place, and proposed
-    pglockkit.unlock, which cannot release a transaction's lock (before 0018 the same transaction
-    held no advisory lock and doctor said nothing of it). It names the take guard and the fix:
-    end that transaction."""
+    """Since 0018 a transaction that creates a lease (takes a name never used) holds the name's
+    take guard, a transaction lock in the pglockkit namespace, until it ends. A handler that took a
+    new lease with autocommit off and went on with other work idles in transaction with it: doctor
+    called it "a session lock left on a pooled connection?" on a key that is a hash nobody can
+    place, and proposed pglockkit.unlock, which cannot release a transaction's lock (before 0018
+    the same transaction held no advisory lock and doctor said nothing of it). It names the take
+    guard and the fix: end that transaction."""
     with db.connect(autocommit=False) as handler:
         assert pglockkit.acquire_lease(handler, "nightly-refresh", "pod-a", 60) is not None
         pid = handler.info.backend_pid
