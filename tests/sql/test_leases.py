@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -1170,3 +1171,57 @@ def test_release_lease_with_a_null_argument_names_its_own_arguments(db, args):
     with pytest.raises(psycopg.errors.NullValueNotAllowed) as err:
         db.conn.execute("SELECT pglockkit.release_lease(%s, %s, %s::bigint)", args)
     assert "ttl" not in err.value.diag.message_primary, err.value.diag.message_primary
+
+
+# --- review of 0019 (leases taken by row lock) ---------------------------------------------------
+
+
+def _create_guarded_names(conn, prefix: str) -> int:
+    """In ``conn``'s open transaction, create as many new names as it takes guards for
+    (max_locks_per_transaction / 2): its next new name is created as an INSERT, unguarded."""
+    bound = int(conn.execute("SHOW max_locks_per_transaction").fetchone()[0]) // 2
+    created = conn.execute(
+        "SELECT count(pglockkit.acquire_lease(%s || i, 'pod', '30 s')) FROM generate_series(1, %s) i",
+        (prefix, bound),
+    ).fetchone()[0]
+    assert created == bound
+    return bound
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="0019: a creator past its guarded names that waited for a concurrent creator and lost "
+    "answers NULL holding the winner's row FOR UPDATE until its transaction ends: the live "
+    "holder's check_fence and renewal wait for the loser",
+)
+def test_a_creator_past_its_guarded_names_that_loses_holds_up_neither_the_fence_nor_the_renewal(db):
+    """A pod creates its shards' leases in one transaction; past its first max_locks_per_transaction
+    / 2 new names it creates them as an INSERT does, so it waits for another pod creating the same
+    name (docs/leases.md says so). Once that pod commits, the waiter must answer NULL and leave the
+    winner's lease alone. In 0019 its INSERT does nothing, its next SELECT ... FOR UPDATE SKIP
+    LOCKED, on a new snapshot, locks the winner's live row, and it returns NULL keeping that lock:
+    the winner's fenced writer and its renewals wait for the loser's transaction (a pod's shard
+    claim, as long as it lasts; past the ttl the winner loses its lease to nobody's benefit)."""
+    with db.connect() as pod, db.connect() as winner:
+        pod.execute("BEGIN")
+        _create_guarded_names(pod, "shard-")
+        winner.execute("BEGIN")
+        token = acquire_lease(winner, "contested", "winner", 60)
+        assert token is not None
+        got = {}
+        waiter = threading.Thread(
+            target=lambda: got.setdefault("token", acquire_lease(pod, "contested", "pod", 60))
+        )
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive()  # the documented wait, as an INSERT does
+        winner.execute("COMMIT")
+        waiter.join(5)
+        assert got == {"token": None}  # the loser answers NULL...
+        winner.execute("SET lock_timeout = '500ms'")
+        try:
+            with winner.transaction():  # ...and its open transaction must not hold up the winner
+                check_fence(winner, "contested", token)
+            assert renew_lease(winner, "contested", "winner", token, 60)
+        finally:
+            pod.execute("ROLLBACK")
