@@ -1225,3 +1225,42 @@ def test_a_creator_past_its_guarded_names_that_loses_holds_up_neither_the_fence_
             assert renew_lease(winner, "contested", "winner", token, 60)
         finally:
             pod.execute("ROLLBACK")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="0019: past its guarded names a transaction creates a name as an INSERT, which waits for "
+    "a concurrent creator: two such transactions creating two names in opposite orders deadlock "
+    "(40P01) instead of one answering NULL",
+)
+def test_two_pods_creating_the_same_new_names_in_opposite_orders_get_null_not_a_deadlock(db):
+    """Two pods claim the same new shards, each in one transaction, in different orders (each its
+    preferred shards first). Until 0019 every new name's creator took its take guard and a rival
+    answered NULL; since 0019 a transaction past its first max_locks_per_transaction / 2 new names
+    inserts unguarded and waits for a concurrent creator. Pod 1 created X and pod 2 created Y that
+    way; pod 1 then asks for Y (it waits for pod 2) and pod 2 for X: a deadlock, and one pod's
+    acquire_lease raises 40P01, aborting its whole claim. A contender of a lease must get NULL."""
+    with db.connect() as p1, db.connect() as p2:
+        for i, pod in enumerate((p1, p2)):
+            pod.execute("SET deadlock_timeout = '100ms'")
+            pod.execute("BEGIN")
+            _create_guarded_names(pod, f"pod{i}-")
+        assert acquire_lease(p1, "X", "p1", 60) is not None
+        assert acquire_lease(p2, "Y", "p2", 60) is not None
+        got: dict[str, object] = {}
+
+        def take(name, conn, key):
+            try:
+                got[key] = acquire_lease(conn, name, key, 60)
+            except (psycopg.Error, pglockkit.PglockkitError) as exc:
+                got[key] = exc.sqlstate
+
+        first = threading.Thread(target=take, args=("Y", p1, "p1"))
+        first.start()
+        time.sleep(0.3)
+        take("X", p2, "p2")
+        p2.execute("ROLLBACK")
+        first.join(5)
+        p1.execute("ROLLBACK")
+        assert "40P01" not in got.values(), got
+        assert got == {"p1": None, "p2": None}, got
