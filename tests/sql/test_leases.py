@@ -1264,3 +1264,60 @@ def test_two_pods_creating_the_same_new_names_in_opposite_orders_get_null_not_a_
         p1.execute("ROLLBACK")
         assert "40P01" not in got.values(), got
         assert got == {"p1": None, "p2": None}, got
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="0019 (and 0018, at about half the rate): a rival whose call reaches a freed lease's row "
+    "just after another taker committed locks the winner's live row (the fast path's InitPlan "
+    "FOR NO KEY UPDATE, the general path's FOR UPDATE SKIP LOCKED), answers NULL and keeps the "
+    "lock and a transaction id until its transaction ends",
+)
+def test_pollers_of_one_lease_that_lose_never_hold_the_winners_row(db):
+    """docs/guarantees.md: 'a contender never waits: acquire_lease answers NULL at once, and one
+    that loses writes nothing (no transaction id)'. Threads poll one lease, each call in a
+    transaction of its own (as a handler that tries the lease and goes on with other work does),
+    releasing it when they win. A loser must have no transaction id; in 0019 about 3-5% of the
+    losers have one, and it is the row lock of the winner's live lease (its xmax), so the winner's
+    check_fence and renewals wait for the loser's transaction. Stops at the first such loser."""
+    stop = threading.Event()
+    found: list[tuple] = []
+    errors: list[BaseException] = []
+    losses = [0]
+
+    def poller(i: int) -> None:
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    conn.execute("BEGIN")
+                    token = acquire_lease(conn, "polled flat out", f"p{i}", 5, bind_session=i % 3 == 0)
+                    if token is None:
+                        losses[0] += 1
+                        xid = conn.execute("SELECT pg_current_xact_id_if_assigned()::text").fetchone()[0]
+                        if xid is not None:
+                            row = conn.execute(
+                                "SELECT xmax::text, holder FROM pglockkit.leases"
+                                " WHERE name = 'polled flat out'"
+                            ).fetchone()
+                            found.append((f"p{i}", xid, row))
+                            stop.set()
+                        conn.execute("COMMIT")
+                    else:
+                        conn.execute("COMMIT")
+                        release_lease(conn, "polled flat out", f"p{i}", token)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=poller, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    stop.wait(3)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert found == [], (
+        f"a loser held a transaction id (loser, its xid, the row's xmax and holder): {found[0]}"
+    )
+    assert losses[0] > 50
