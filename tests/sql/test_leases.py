@@ -1321,3 +1321,40 @@ def test_pollers_of_one_lease_that_lose_never_hold_the_winners_row(db):
         f"a loser held a transaction id (loser, its xid, the row's xmax and holder): {found[0]}"
     )
     assert losses[0] > 50
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="acquire_lease probes a dead holder's session key with pg_try_advisory_xact_lock and keeps "
+    "it to the end of the transaction: taking over N leases bound to a dead backend holds N entries "
+    "of the server's shared lock table, which 0019's guarantee says taking many leases no longer does",
+)
+def test_taking_over_many_leases_bound_to_a_dead_backend_does_not_fill_the_servers_lock_table(
+    db, advisory_locks
+):
+    """docs/guarantees.md (0019): 'A lease with a row is taken by locking the row, so taking many
+    holds no entry of the server's lock table.' A pod that bound its 300 shards' leases dies; the
+    pod taking them over in one transaction (unbound) holds an advisory lock per lease, the dead
+    backend's session key, until it commits: as many entries as 0018's take guards did (12,000
+    made other sessions fail with 53200 on the server's defaults)."""
+    with db.connect() as dead:
+        assert (
+            dead.execute(
+                "SELECT count(pglockkit.acquire_lease('bound-shard-' || i, 'dead pod', '60 s', true))"
+                " FROM generate_series(1, 300) i"
+            ).fetchone()[0]
+            == 300
+        )
+    with db.connect() as pod:
+        deadline = time.monotonic() + 5
+        while advisory_locks(db.conn) and time.monotonic() < deadline:  # the dead backend's locks go
+            time.sleep(0.02)
+        pod.execute("BEGIN")
+        taken = pod.execute(
+            "SELECT count(pglockkit.acquire_lease('bound-shard-' || i, 'pod', '60 s'))"
+            " FROM generate_series(1, 300) i"
+        ).fetchone()[0]
+        held = advisory_locks(db.conn, pod.info.backend_pid)
+        pod.execute("COMMIT")
+    assert taken == 300
+    assert held < 30, held
