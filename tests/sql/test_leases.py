@@ -1358,3 +1358,113 @@ def test_taking_over_many_leases_bound_to_a_dead_backend_does_not_fill_the_serve
         pod.execute("COMMIT")
     assert taken == 300
     assert held < 30, held
+
+
+def test_fenced_writes_stay_in_token_order_while_takers_race_expire_release_prune_and_are_killed(db):
+    """Six threads take two names, bound or not, with ttls of 50 ms to 2 s, some inside transactions
+    rolled back, renew by acquiring again, write under check_fence (some writes outlasting the
+    ttl), release, drop their connection or leave the lease to expire; another session terminates
+    random backends and prunes. Checks: the fenced writes, in the order they were made, never go
+    back to an older token of a name, and a token is one holder's; no token is handed out twice;
+    the holder acquiring again well within a 2 s ttl always gets its token back."""
+    db.conn.execute(
+        "CREATE TABLE fenced (name text, token bigint, holder text, seq bigint); CREATE SEQUENCE fenced_seq"
+    )
+    stop_at = time.monotonic() + 2.0
+    errors: list[BaseException] = []
+    renewals_lost: list[tuple] = []
+    taken: list[tuple[str, int, str]] = []  # a holder acquiring its live lease again gets its token
+    pids: set[int] = set()
+    kills: list[int] = []
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        holder = f"w{i}"
+        conn = None
+        while time.monotonic() < stop_at:
+            try:
+                if conn is None or conn.closed:
+                    conn = db.connect()
+                    pids.add(conn.info.backend_pid)
+                name = rng.choice(["left", "right"])
+                bind = rng.random() < 0.4
+                ttl = rng.choice([0.05, 0.1, 2.0])
+                asked = time.monotonic()
+                in_tx = rng.random() < 0.3
+                if in_tx:
+                    conn.execute("BEGIN")
+                token = acquire_lease(conn, name, holder, ttl, bind_session=bind)
+                if in_tx:
+                    if token is not None and rng.random() < 0.2:
+                        conn.execute("ROLLBACK")
+                        continue
+                    conn.execute("COMMIT")
+                if token is None:
+                    continue
+                taken.append((name, token, holder))
+                for _ in range(rng.randint(0, 3)):
+                    if ttl == 2.0 and time.monotonic() - asked < 0.5:
+                        asked = time.monotonic()
+                        again = acquire_lease(conn, name, holder, ttl, bind_session=bind)
+                        if again != token:
+                            renewals_lost.append((name, holder, token, again))
+                            break
+                    try:
+                        with conn.transaction():
+                            check_fence(conn, name, token)
+                            conn.execute(
+                                "INSERT INTO fenced VALUES (%s, %s, %s, nextval('fenced_seq'))",
+                                (name, token, holder),
+                            )
+                            time.sleep(rng.choice([0, 0, 0.01, 0.07]))
+                    except pglockkit.StaleToken:
+                        break
+                r = rng.random()
+                if r < 0.6:
+                    release_lease(conn, name, holder, token)
+                elif r < 0.7:
+                    conn.close()
+            except (
+                BaseException
+            ) as exc:  # a terminated backend ends the connection; anything else is reported
+                if not (
+                    isinstance(exc, psycopg.OperationalError)
+                    or isinstance(exc.__cause__, psycopg.OperationalError)
+                ):
+                    errors.append(exc)
+                else:
+                    kills.append(i)
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    rng = random.Random(99)
+    with db.connect() as admin:
+        while time.monotonic() < stop_at:
+            time.sleep(0.05)
+            if pids and rng.random() < 0.5:
+                admin.execute("SELECT pg_terminate_backend(%s)", (rng.choice(sorted(pids)),))
+            if rng.random() < 0.3:
+                admin.execute("SELECT pglockkit.prune_leases('0 s')")
+    for t in threads:
+        t.join(15)
+    assert errors == [], errors[:3]
+    assert renewals_lost == []
+    holders: dict[tuple[str, int], set[str]] = {}
+    for name, token, holder in taken:
+        holders.setdefault((name, token), set()).add(holder)
+    assert [k for k, v in holders.items() if len(v) > 1] == [], "a token was handed to two holders"
+    rows = db.conn.execute("SELECT name, token, holder FROM fenced ORDER BY seq").fetchall()
+    print(f"{len(taken)} acquisitions, {len(rows)} fenced writes, {len(kills)} connections killed")
+    assert len(rows) > 20 and kills
+    newest: dict[str, int] = {}
+    owner: dict[tuple[str, int], str] = {}
+    for name, token, holder in rows:
+        assert token >= newest.get(name, 0), f"a write under {name} token {token} after token {newest[name]}"
+        newest[name] = token
+        assert owner.setdefault((name, token), holder) == holder
