@@ -6,7 +6,11 @@
 --   now taken by whoever locks it first (FOR NO KEY UPDATE SKIP LOCKED, the lock kept in the row);
 --   a row another transaction has locked answers NULL at once, also a fenced writer's, which a
 --   taker used to wait for. Only a new name's creation still takes the guard (an INSERT would wait
---   for a concurrent one), for a transaction's first max_locks_per_transaction / 2 new names.
+--   for a concurrent one), for a transaction's first max_locks_per_transaction / 2 new names; a
+--   creator whose INSERT found another's row answers NULL without locking it.
+-- * A takeover of a lease bound to a backend that is gone tries the dead key and lets it go at
+--   once (a transaction-level try-lock held an entry of the lock table per lease taken over), and
+--   the general path no longer locks a row another holder took since its look.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -21,7 +25,8 @@ DECLARE
     v_token bigint;
     v_got   timestamptz;  -- the clock once the common case's row is ours
     v_state text;         -- the row on a new look: 'mine' (live), 'taken', 'bound' (live,
-                          -- another's), 'free'; NULL: no row
+                          -- another's), 'tried' (free, and the common statement tried it),
+                          -- 'free'; NULL: no row
     v_seen  bigint;       -- the session key of a live lease bound to another holder
     v_seen_pid integer;   -- and its holder's backend
 BEGIN
@@ -72,32 +77,37 @@ BEGIN
 
     -- A look at the row on a new snapshot, locking nothing: whoever is not the live holder answers
     -- NULL here rather than wait for the row. A lease another holder has live: NULL (a session-bound
-    -- one if its holder's backend lives, holding its key; a free key is kept by this transaction, as
-    -- below): locking the row would wait for the holder's writer, whose check_fence holds it FOR
-    -- SHARE until it commits (0015). Only the live holder renewing goes on to wait for the row.
+    -- one if its holder's backend lives, holding its key): locking the row would wait for the
+    -- holder's writer, whose check_fence holds it FOR SHARE until it commits (0015). Only the live
+    -- holder renewing goes on to wait for the row. A dead holder's key is tried and let go at
+    -- once, here and below: a try-lock kept to the end of the transaction held an entry of the
+    -- server's shared lock table per lease a pod took over (0019); the row lock orders the takers.
     SELECT CASE WHEN h.released_at IS NULL AND h.expires_at > pg_catalog.clock_timestamp() THEN
                      CASE WHEN h.holder = acquire_lease.holder THEN 'mine'
                           WHEN h.session_bound AND h.session_key IS NOT NULL THEN 'bound'
                           ELSE 'taken' END
+                -- Free and unbound, for an unbound call: the common statement just tried to lock
+                -- it and found it locked by another transaction (or not free on its snapshot).
+                WHEN NOT bind_session AND NOT h.session_bound THEN 'tried'
                 ELSE 'free' END,
            h.session_key, h.holder_pid
       INTO v_state, v_seen, v_seen_pid
       FROM pglockkit.leases h WHERE h.name = acquire_lease.name;
-    IF v_state = 'taken' THEN
+    IF v_state IN ('taken', 'tried') THEN
         RETURN NULL;
     END IF;
-    IF v_state = 'bound' AND v_seen_pid <> v_pid AND NOT pg_catalog.pg_try_advisory_xact_lock(v_seen) THEN
+    IF v_state = 'bound' AND v_seen_pid <> v_pid
+       AND NOT (CASE WHEN pg_catalog.pg_try_advisory_lock(v_seen) THEN pg_catalog.pg_advisory_unlock(v_seen) ELSE false END) THEN
         RETURN NULL;
     END IF;
 
     DECLARE
         v_key   bigint := pglockkit._lease_session_key(acquire_lease.name, v_pid);
         v_row   pglockkit.leases;
-        v_bind  bigint;  -- the key this acquisition binds to, NULL if unbound
-        v_xact  boolean := false;  -- this transaction holds v_key at transaction level (pg_locks
-                                   -- shows it like a session lock, so _advisory_held cannot tell them apart)
-        v_new   text;              -- new names this transaction created under a take guard
-        v_since timestamptz;       -- acquired_at of a live lease its holder binds (0012)
+        v_bind  bigint;       -- the key this acquisition binds to, NULL if unbound
+        v_new   text;         -- new names this transaction created under a take guard
+        v_n     integer;      -- rows the INSERT of a new name inserted
+        v_since timestamptz;  -- acquired_at of a live lease its holder binds (0012)
     BEGIN
         IF bind_session THEN
             v_bind := v_key;
@@ -113,7 +123,14 @@ BEGIN
             IF v_state = 'mine' THEN
                 SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name FOR UPDATE;
             ELSE
-                SELECT * INTO v_row FROM pglockkit.leases l WHERE l.name = acquire_lease.name
+                -- Not a lease another holder has live (taken since the look): locking it would
+                -- hold up its holder's fence and renewals until this transaction ends. (A version
+                -- committed between this statement's snapshot and the lock is locked before it is
+                -- checked, and stays locked: one statement's window.)
+                SELECT * INTO v_row FROM pglockkit.leases l
+                 WHERE l.name = acquire_lease.name
+                   AND (l.released_at IS NOT NULL OR l.expires_at <= pg_catalog.clock_timestamp()
+                        OR l.holder = acquire_lease.holder OR (l.session_bound AND l.session_key IS NOT NULL))
                    FOR UPDATE SKIP LOCKED;
             END IF;
             EXIT WHEN FOUND;
@@ -139,8 +156,13 @@ BEGIN
             INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
             VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
-            -- Ours now, or another's that was committed meanwhile (under REPEATABLE READ or
-            -- SERIALIZABLE, one committed after this snapshot fails the INSERT with 40001).
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            IF v_n = 0 THEN
+                -- Another creator's, committed meanwhile (waited for past the guarded names; under
+                -- REPEATABLE READ or SERIALIZABLE, one committed after this snapshot fails the
+                -- INSERT with 40001): NULL, its row left alone; the next call sees it (0019).
+                RETURN NULL;
+            END IF;
             v_state := 'free';
         END LOOP;
 
@@ -171,11 +193,10 @@ BEGIN
                 IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
                     RETURN NULL;
                 END IF;
-                IF NOT pg_catalog.pg_try_advisory_xact_lock(v_row.session_key) THEN
+                IF NOT (CASE WHEN pg_catalog.pg_try_advisory_lock(v_row.session_key)
+                             THEN pg_catalog.pg_advisory_unlock(v_row.session_key) ELSE false END) THEN
                     RETURN NULL;
                 END IF;
-                v_xact := v_row.session_key = v_key;  -- its key is ours (this backend's pid, reused
-                                                      -- or its session locks dropped by hand)
             END IF;
         END IF;
 
@@ -204,7 +225,7 @@ BEGIN
         -- Bind to the session key, once: a session that bound an earlier acquisition of this name
         -- (and still holds its key, advisory locks being re-entrant) must not take it a second
         -- time, or one release_lease would leave it held.
-        IF bind_session AND (v_xact OR NOT pglockkit._advisory_held(v_key, true))
+        IF bind_session AND NOT pglockkit._advisory_held(v_key, true)
            AND NOT pg_catalog.pg_try_advisory_lock(v_key) THEN
             -- The key is this backend's own: only someone who took it by hand can hold it.
             RAISE EXCEPTION 'lease "%": its session key % is held by another session', acquire_lease.name, v_key
