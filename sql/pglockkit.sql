@@ -930,6 +930,14 @@ $$;
 COMMENT ON FUNCTION pglockkit._advisory_held(bigint, boolean) IS
     'Private: whether the bigint advisory key is held in this database (by this session only, if by_this_session). Reads pg_locks: not for hot paths.';
 
+CREATE FUNCTION pglockkit._advisory_free(key bigint) RETURNS boolean
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    SELECT CASE WHEN pg_catalog.pg_try_advisory_lock(key) THEN pg_catalog.pg_advisory_unlock(key) ELSE false END;
+END;
+COMMENT ON FUNCTION pglockkit._advisory_free(bigint) IS
+    'Private: whether no other session holds the bigint advisory key, by trying it at session level and letting it go at once (a lock kept to the end of a transaction would hold an entry of the server''s shared lock table). Inlined.';
+
 CREATE FUNCTION pglockkit._check_lease_args(name text, holder text, ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -1083,7 +1091,7 @@ BEGIN
         RETURN NULL;
     END IF;
     IF v_state = 'bound' AND v_seen_pid <> v_pid
-       AND NOT (CASE WHEN pg_catalog.pg_try_advisory_lock(v_seen) THEN pg_catalog.pg_advisory_unlock(v_seen) ELSE false END) THEN
+       AND NOT pglockkit._advisory_free(v_seen) THEN
         RETURN NULL;
     END IF;
 
@@ -1091,7 +1099,7 @@ BEGIN
         v_key   bigint := pglockkit._lease_session_key(acquire_lease.name, v_pid);
         v_row   pglockkit.leases;
         v_bind  bigint;       -- the key this acquisition binds to, NULL if unbound
-        v_new   text;         -- new names this transaction created under a take guard
+        v_new   integer;      -- new names this transaction created under a take guard
         v_n     integer;      -- rows the INSERT of a new name inserted
         v_since timestamptz;  -- acquired_at of a live lease its holder binds (0012)
     BEGIN
@@ -1130,13 +1138,13 @@ BEGIN
             -- transaction takes guards for its first max_locks_per_transaction / 2 new names
             -- only (32 by default; counted in the transaction's setting pglockkit.new_leases),
             -- and creates any more as an INSERT does, waiting for a concurrent creator (0019).
-            v_new := pg_catalog.current_setting('pglockkit.new_leases', true);
-            v_new := CASE WHEN v_new ~ '^[0-9]{1,9}$' THEN v_new ELSE '0' END;
-            IF v_new::integer < pg_catalog.current_setting('max_locks_per_transaction')::integer / 2 THEN
+            v_new := CASE WHEN pg_catalog.current_setting('pglockkit.new_leases', true) ~ '^[0-9]{1,9}$'
+                          THEN pg_catalog.current_setting('pglockkit.new_leases', true)::integer ELSE 0 END;
+            IF v_new < pg_catalog.current_setting('max_locks_per_transaction')::integer / 2 THEN
                 IF NOT pg_catalog.pg_try_advisory_xact_lock(pglockkit._lease_take_key(acquire_lease.name)) THEN
                     RETURN NULL;
                 END IF;
-                PERFORM pg_catalog.set_config('pglockkit.new_leases', (v_new::integer + 1)::text, true);
+                PERFORM pg_catalog.set_config('pglockkit.new_leases', (v_new + 1)::text, true);
             END IF;
             v_now := pg_catalog.clock_timestamp();
             INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
@@ -1179,8 +1187,7 @@ BEGIN
                 IF v_row.holder_pid = v_pid AND pglockkit._advisory_held(v_row.session_key, true) THEN
                     RETURN NULL;
                 END IF;
-                IF NOT (CASE WHEN pg_catalog.pg_try_advisory_lock(v_row.session_key)
-                             THEN pg_catalog.pg_advisory_unlock(v_row.session_key) ELSE false END) THEN
+                IF NOT pglockkit._advisory_free(v_row.session_key) THEN
                     RETURN NULL;
                 END IF;
             END IF;
