@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's package (its migrations), not another one installed
 TARGET = ROOT / "docs" / "sql.md"
 HEADER = """\
 # SQL reference
