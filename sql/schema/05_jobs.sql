@@ -990,12 +990,25 @@ BEGIN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    WITH done AS (
+    -- The job rows are locked first, in id order, whatever the order of the arrays. A row whose
+    -- token went stale while this statement ran is locked too (its newest version, to the end of
+    -- the transaction: PostgreSQL locks a concurrently updated row before it rechecks it), so two
+    -- calls that locked in their arrays' orders could each hold a row the other waited for: a
+    -- stale caller and the claimer that had reclaimed its jobs deadlocked. Then the key rows, in
+    -- key order (_keys_left).
+    WITH mine AS (
+        SELECT j.id
+          FROM pglockkit.jobs j
+          JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+            ON j.id = c.id AND j.token = c.token
+         WHERE j.status = 'running'
+         ORDER BY j.id
+           FOR NO KEY UPDATE OF j
+    ), done AS (
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-         WHERE j.id = c.id AND j.token = c.token
-           AND j.status = 'running'
+          FROM mine m
+         WHERE j.id = m.id
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
@@ -1008,7 +1021,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit.complete_jobs(bigint[], bigint[]) IS
-    'Completes many claimed jobs in one statement (one commit for a whole batch); returns how many (id, token) pairs were current. Stale or unknown pairs are skipped.';
+    'Completes many claimed jobs in one statement (one commit for a whole batch); returns how many (id, token) pairs were current. Stale or unknown pairs are skipped. Locks the job rows in id order, then their keys'' rows in key order.';
 
 CREATE FUNCTION pglockkit.fail_job(id bigint, token bigint, error text, retry_in interval DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

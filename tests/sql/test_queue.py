@@ -1353,3 +1353,63 @@ def test_claim_of_a_payload_python_cannot_decode_raises_with_the_claimed_jobs(db
     assert q.fail(db.conn, jobs[bad], str(caught.value)) == "queued" and q.release(db.conn, jobs[good])
     [again] = q.claim(db.conn, "q", "w")  # the good one, given back: claimable at once
     assert again.id == good
+
+
+def _wait_blocked_by(conn, pid: int, blockers: set[int], seconds: float = 10) -> None:
+    """Wait until backend `pid` waits for a lock that one of `blockers` holds."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        [got] = conn.execute("SELECT pg_blocking_pids(%s)", (pid,)).fetchone()
+        if set(got) & blockers:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for {blockers}")
+
+
+@pytest.mark.slow
+def test_a_stale_complete_jobs_and_the_reclaimers_complete_jobs_do_not_deadlock(db):
+    """A complete_jobs whose tokens went stale while it ran still locks each row it reaches (the
+    newest version, kept to the end of its transaction though its token no longer matches). It
+    locked its rows in the order of its arrays, and the claimer that had reclaimed them completed
+    them in another order: each held a row the other waited for (40P01, seen once in CI in the
+    racing test above). Completions now lock their job rows in id order, first."""
+    x, y, g = (q.enqueue(db.conn, "dl", {"n": n}) for n in "xyg")
+    stale = {j.id: j for j in q.claim(db.conn, "dl", "a", lease=0.05, batch=3)}
+    assert set(stale) == {x, y, g}
+    time.sleep(0.1)  # all three leases expired
+    with (
+        db.connect() as a,
+        db.connect() as b,
+        db.connect(autocommit=False) as claim,
+        db.connect(autocommit=False) as gate,
+    ):
+        # the gate holds g, so that the reclaim takes x and y only, and the stale call waits there
+        gate.execute("SELECT 1 FROM pglockkit.jobs WHERE id = %s FOR NO KEY UPDATE", (g,))
+        fresh = {j.id: j for j in q.claim(claim, "dl", "b", lease=60, batch=3)}
+        assert set(fresh) == {x, y}
+        a_pid, b_pid = a.info.backend_pid, b.info.backend_pid
+        results: dict[str, object] = {}
+
+        def run(name, conn, jobs):
+            try:
+                results[name] = q.complete_many(conn, jobs)
+            except Exception as exc:  # the outcome is the result
+                results[name] = getattr(exc, "sqlstate", None) or repr(exc)
+
+        # the stale call, its snapshot from before the reclaim commits, in the order y, g, x
+        ta = threading.Thread(target=run, args=("a", a, [stale[y], stale[g], stale[x]]))
+        ta.start()
+        _wait_blocked_by(db.conn, a_pid, {claim.info.backend_pid})
+        claim.commit()  # the reclaim commits: the stale call's rows are the reclaimer's now
+        _wait_blocked_by(db.conn, a_pid, {gate.info.backend_pid})
+        tb = threading.Thread(target=run, args=("b", b, [fresh[x], fresh[y]]))
+        tb.start()
+        _wait_blocked_by(db.conn, b_pid, {a_pid})  # before: b held x and waited for y, which a held
+        gate.rollback()
+        ta.join(10)
+        tb.join(10)
+    assert results == {"a": 1, "b": 2}  # before the fix: one of them '40P01'
+    assert {
+        r[0]: r[1]
+        for r in db.conn.execute("SELECT id, status FROM pglockkit.jobs WHERE id = ANY(%s)", ([x, y, g],))
+    } == {x: "done", y: "done", g: "done"}
