@@ -58,3 +58,5 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.complete_jobs(bigint[], bigint[]) IS
     'Completes many claimed jobs in one statement (one commit for a whole batch); returns how many (id, token) pairs were current. Stale or unknown pairs are skipped. Locks the job rows in id order, then their keys'' rows in key order.';
+
+SELECT pglockkit._grant_privileges();
