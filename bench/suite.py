@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log(f"== {name}: {seconds:.0f} s (budget {section.budget_s:.0f} s){flag}")
             markdown = data.pop("markdown")
             sections[name] = {
-                "seconds": round(seconds, 1),
+                "seconds": round(seconds, 3),
                 "budget_s": section.budget_s,
                 "over": over,
                 "argv": section_argv,
