@@ -901,6 +901,15 @@ def complete_many(jobs: Sequence[Job]) -> Call[int]:
     )
 
 
+def lock_jobs(jobs: Sequence[Job]) -> Call[None]:
+    """Lock these claims' job rows in id order, waiting for each (``_lock_jobs``)."""
+    return Call(
+        "SELECT pglockkit._lock_jobs(%s::bigint[], %s::bigint[])",
+        ([j.id for j in jobs], [j.token for j in jobs]),
+        decode=_nothing,
+    )
+
+
 def fail(job: Job, error: str, retry_in: float | timedelta | None) -> Call[str]:
     return Call(
         "SELECT pglockkit.fail_job(%s, %s, %s, %s)",

@@ -454,8 +454,9 @@ def key_order(job: Job) -> tuple[int, str, str]:
 def give_back_calls(jobs: Sequence[Job]) -> list[Call[Any]]:
     """The ``release_job`` calls that hand unstarted jobs back at shutdown, in one transaction:
     each locks its job's key row until the transaction ends, so they go in key order, like a
-    group's outcomes (``outcome_calls``)."""
-    return [_calls.release(job) for job in sorted(jobs, key=key_order)]
+    group's outcomes (``outcome_calls``), after locking all their job rows in id order."""
+    calls = [_calls.release(job) for job in sorted(jobs, key=key_order)]
+    return [_calls.lock_jobs(jobs), *calls] if len(calls) > 1 else calls
 
 
 def outcome_calls(
@@ -467,7 +468,10 @@ def outcome_calls(
     each run of completions between failures, and keyless jobs (no key rows) with the first.
     Two groups that recorded a failure of one key after completing a job of another, in
     opposite pairings, each held a key row the other waited for: a deadlock, which rolled one
-    group back."""
+    group back. More than one call begins with ``_lock_jobs`` (the job rows in id order), so
+    the group holds no key row while it waits for a job row: a stale ``complete_jobs`` (its
+    leases expired while it ran) keeps the rows it reached locked, one of them the group's, and
+    then waited for the group's key row."""
     keyed = sorted(  # stable: by key, completions before failures, then as they came
         [(key_order(job), False, job, "") for job in done if job.concurrency_key is not None]
         + [(key_order(job), True, job, f) for job, f in failed if job.concurrency_key is not None],
@@ -491,6 +495,9 @@ def outcome_calls(
             run.append(job)
     flush()
     calls += [_calls.fail(job, failure, None) for job, failure in failed if job.concurrency_key is None]
+    if len(calls) > 1:
+        calls.insert(0, _calls.lock_jobs([*done, *(job for job, _ in failed)]))
+        completions = [i + 1 for i in completions]
     return calls, completions
 
 

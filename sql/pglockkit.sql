@@ -1848,6 +1848,32 @@ $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
     'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order, bytewise (COLLATE "C").';
 
+CREATE FUNCTION pglockkit._lock_jobs(ids bigint[], tokens bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    -- Locks the running jobs of these (id, token) pairs, in id order, waiting for each, before a
+    -- caller writes their rows and their keys' rows. A row whose token went stale while this ran
+    -- is locked too: PostgreSQL locks the newest version of a row updated since the snapshot
+    -- before it rechecks it, and keeps the lock to the end of the transaction. Two transactions
+    -- that lock job rows in id order, and key rows (_keys_left) only after them, never wait for
+    -- each other in a cycle; in the order of their arrays, a caller whose leases expired while it
+    -- ran and the claimer that had reclaimed its jobs each held a row the other waited for.
+    PERFORM
+       FROM pglockkit.jobs j
+       JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         ON j.id = c.id AND j.token = c.token
+      WHERE j.status = 'running'
+      ORDER BY j.id
+        FOR NO KEY UPDATE OF j;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._lock_jobs(bigint[], bigint[]) IS
+    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each (complete_jobs, and a worker''s group before its outcomes), so that job rows are always locked in one order and before key rows.';
+
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
     dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5,
@@ -2622,25 +2648,13 @@ BEGIN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- The job rows are locked first, in id order, whatever the order of the arrays. A row whose
-    -- token went stale while this statement ran is locked too (its newest version, to the end of
-    -- the transaction: PostgreSQL locks a concurrently updated row before it rechecks it), so two
-    -- calls that locked in their arrays' orders could each hold a row the other waited for: a
-    -- stale caller and the claimer that had reclaimed its jobs deadlocked. Then the key rows, in
-    -- key order (_keys_left).
-    WITH mine AS (
-        SELECT j.id
-          FROM pglockkit.jobs j
-          JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-            ON j.id = c.id AND j.token = c.token
-         WHERE j.status = 'running'
-         ORDER BY j.id
-           FOR NO KEY UPDATE OF j
-    ), done AS (
+    PERFORM pglockkit._lock_jobs(ids, tokens);  -- the job rows in id order, then the keys'
+    WITH done AS (
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-          FROM mine m
-         WHERE j.id = m.id
+          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         WHERE j.id = c.id AND j.token = c.token
+           AND j.status = 'running'
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
@@ -4438,6 +4452,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration'), ('0019_leases_taken_by_row_lock'), ('0020_complete_jobs_in_id_order');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration'), ('0019_leases_taken_by_row_lock'), ('0020_complete_jobs_in_id_order'), ('0021_job_rows_locked_before_key_rows');
 
 COMMIT;

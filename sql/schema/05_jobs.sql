@@ -216,6 +216,32 @@ $$;
 COMMENT ON FUNCTION pglockkit._keys_left(text[], text[]) IS
     'Private: lowers the running counts of per-key concurrency when jobs with these (queue, key) pairs leave ''running''; locks the rows in (queue, key) order, bytewise (COLLATE "C").';
 
+CREATE FUNCTION pglockkit._lock_jobs(ids bigint[], tokens bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    -- Locks the running jobs of these (id, token) pairs, in id order, waiting for each, before a
+    -- caller writes their rows and their keys' rows. A row whose token went stale while this ran
+    -- is locked too: PostgreSQL locks the newest version of a row updated since the snapshot
+    -- before it rechecks it, and keeps the lock to the end of the transaction. Two transactions
+    -- that lock job rows in id order, and key rows (_keys_left) only after them, never wait for
+    -- each other in a cycle; in the order of their arrays, a caller whose leases expired while it
+    -- ran and the claimer that had reclaimed its jobs each held a row the other waited for.
+    PERFORM
+       FROM pglockkit.jobs j
+       JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         ON j.id = c.id AND j.token = c.token
+      WHERE j.status = 'running'
+      ORDER BY j.id
+        FOR NO KEY UPDATE OF j;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._lock_jobs(bigint[], bigint[]) IS
+    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each (complete_jobs, and a worker''s group before its outcomes), so that job rows are always locked in one order and before key rows.';
+
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
     dedup_key text DEFAULT NULL, max_attempts integer DEFAULT 5,
@@ -990,25 +1016,13 @@ BEGIN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- The job rows are locked first, in id order, whatever the order of the arrays. A row whose
-    -- token went stale while this statement ran is locked too (its newest version, to the end of
-    -- the transaction: PostgreSQL locks a concurrently updated row before it rechecks it), so two
-    -- calls that locked in their arrays' orders could each hold a row the other waited for: a
-    -- stale caller and the claimer that had reclaimed its jobs deadlocked. Then the key rows, in
-    -- key order (_keys_left).
-    WITH mine AS (
-        SELECT j.id
-          FROM pglockkit.jobs j
-          JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-            ON j.id = c.id AND j.token = c.token
-         WHERE j.status = 'running'
-         ORDER BY j.id
-           FOR NO KEY UPDATE OF j
-    ), done AS (
+    PERFORM pglockkit._lock_jobs(ids, tokens);  -- the job rows in id order, then the keys'
+    WITH done AS (
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-          FROM mine m
-         WHERE j.id = m.id
+          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+         WHERE j.id = c.id AND j.token = c.token
+           AND j.status = 'running'
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)

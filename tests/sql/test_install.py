@@ -243,9 +243,11 @@ def test_functions_pin_search_path_have_comments_and_are_not_public(db):
         elif not sig.startswith("pglockkit._grant_privileges"):
             assert "pglockkit_user=X" in acl, f"{sig} not granted to pglockkit_user: {acl}"
     definers = sorted(sig for sig, _, _, _, secdef, _ in rows if secdef)
-    # The functions that write the kit's tables, and list_jobs (pglockkit_admin reads the jobs
-    # through it: no role has privileges on the table), and no others.
+    # The functions that write the kit's tables, _lock_jobs (it locks job rows for a worker's
+    # group), and list_jobs (pglockkit_admin reads the jobs through it: no role has privileges on
+    # the table), and no others.
     assert definers == [
+        "pglockkit._lock_jobs(bigint[],bigint[])",
         "pglockkit.acquire_lease(text,text,interval,boolean)",
         "pglockkit.cancel_job(bigint)",
         "pglockkit.check_fence(text,bigint)",

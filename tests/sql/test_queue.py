@@ -1413,3 +1413,69 @@ def test_a_stale_complete_jobs_and_the_reclaimers_complete_jobs_do_not_deadlock(
         r[0]: r[1]
         for r in db.conn.execute("SELECT id, status FROM pglockkit.jobs WHERE id = ANY(%s)", ([x, y, g],))
     } == {x: "done", y: "done", g: "done"}
+
+
+@pytest.mark.slow
+def test_a_workers_group_recording_a_failure_does_not_deadlock_with_a_stale_complete_jobs(db):
+    """A worker's group records its outcomes in key order, a complete_jobs for each run of
+    completions between failures: after its first statement it holds a key row. A stale
+    complete_jobs (its leases expired while it ran) that had locked one of the group's job rows,
+    and went on to the key rows of its own current jobs, waited for that key row while the group
+    waited for its job row: 40P01. The group (the calls the worker sends, outcome_calls) now
+    locks all its job rows first, in id order, and holds no key row while it waits for one."""
+    from pglockkit import _calls
+    from pglockkit._lanes import outcome_calls
+
+    def enqueue(key):
+        return q.enqueue(
+            db.conn, "dl", {}, concurrency_key=key, concurrency_limit=5 if key else None, max_attempts=2
+        )
+
+    j, z, k, a = enqueue("b"), enqueue(None), enqueue("a"), enqueue("a")  # claim order = id order
+    [stale_j] = q.claim(db.conn, "dl", "s", lease=0.05)
+    stale = {job.id: job for job in q.claim(db.conn, "dl", "s", lease=60, batch=2)}
+    assert set(stale) == {z, k}
+    time.sleep(0.1)  # j's lease expired
+    with (
+        db.connect() as s,
+        db.connect() as w,
+        db.connect(autocommit=False) as claim,
+        db.connect(autocommit=False) as gate,
+    ):
+        gate.execute("SELECT 1 FROM pglockkit.jobs WHERE id = %s FOR NO KEY UPDATE", (z,))
+        group = {job.id: job for job in q.claim(claim, "dl", "w", lease=60, batch=2)}
+        assert set(group) == {j, a}  # j reclaimed, a fresh
+        results: dict[str, object] = {}
+
+        def stale_call():
+            try:
+                results["stale"] = q.complete_many(s, [stale_j, stale[z], stale[k]])
+            except Exception as exc:  # the outcome is the result
+                results["stale"] = getattr(exc, "sqlstate", None) or repr(exc)
+
+        def record():
+            calls, completions = outcome_calls([group[a]], [(group[j], "boom")])
+            ran, error = _calls.run_pipeline(
+                w, [_calls.statement("BEGIN"), *calls, _calls.statement("COMMIT")]
+            )
+            results["group"] = (
+                getattr(error, "sqlstate", None) if error else [ran[1 + i] for i in completions]
+            )
+
+        ts = threading.Thread(target=stale_call)
+        ts.start()
+        _wait_blocked_by(db.conn, s.info.backend_pid, {claim.info.backend_pid})  # its snapshot: before
+        claim.commit()  # the reclaim commits: the stale call locks j and stops at z, behind the gate
+        _wait_blocked_by(db.conn, s.info.backend_pid, {gate.info.backend_pid})
+        tw = threading.Thread(target=record)
+        tw.start()
+        _wait_blocked_by(db.conn, w.info.backend_pid, {s.info.backend_pid})  # the group waits for j
+        gate.rollback()  # the stale call goes on to z, k and then key a's row
+        ts.join(10)
+        tw.join(10)
+    assert results == {"stale": 2, "group": [1]}  # before: one of them '40P01'
+    statuses = dict(
+        db.conn.execute("SELECT id, status FROM pglockkit.jobs WHERE id = ANY(%s)", ([j, z, k, a],))
+    )
+    assert statuses == {j: "dead", z: "done", k: "done", a: "done"}  # j failed on its last attempt
+    assert _keys_consistent(db.conn)
