@@ -4,9 +4,10 @@
 --   key row after its first statement, and its fail_job waited for a job row the stale call held:
 --   a deadlock (40P01).
 -- * _lock_jobs(ids, tokens) locks the running jobs of (id, token) pairs in id order, waiting.
---   complete_jobs calls it first, and a worker's group that records its outcomes in more than one
---   statement (a failure among them) begins with it, so that no group holds a key row while it
---   waits for a job row.
+--   A worker's group that records its outcomes in more than one statement (a failure among them)
+--   begins with it, so that no group holds a key row while it waits for a job row, as
+--   complete_jobs does in its one statement (0020). complete_jobs is unchanged: a second
+--   statement would cost its batches a nested call.
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -34,45 +35,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit._lock_jobs(bigint[], bigint[]) IS
-    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each (complete_jobs, and a worker''s group before its outcomes), so that job rows are always locked in one order and before key rows.';
-
-CREATE OR REPLACE FUNCTION pglockkit.complete_jobs(ids bigint[], tokens bigint[]) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    v_done   integer;
-    v_queues text[];
-    v_keys   text[];
-BEGIN
-    IF ids IS NULL OR tokens IS NULL THEN
-        RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
-        RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    PERFORM pglockkit._lock_jobs(ids, tokens);  -- the job rows in id order, then the keys'
-    WITH done AS (
-        UPDATE pglockkit.jobs j
-           SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-         WHERE j.id = c.id AND j.token = c.token
-           AND j.status = 'running'
-        RETURNING j.queue, j.concurrency_key
-    )
-    SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
-      INTO v_done, v_queues, v_keys
-      FROM done d;
-    IF v_done > 0 THEN
-        PERFORM pglockkit._keys_left(v_queues, v_keys);
-    END IF;
-    RETURN v_done;
-END
-$$;
-COMMENT ON FUNCTION pglockkit.complete_jobs(bigint[], bigint[]) IS
-    'Completes many claimed jobs in one statement (one commit for a whole batch); returns how many (id, token) pairs were current. Stale or unknown pairs are skipped. Locks the job rows in id order, then their keys'' rows in key order.';
+    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each: what complete_jobs does in its one statement, for a worker''s group that records its outcomes in several, so that job rows are always locked in one order and before key rows.';
 
 SELECT pglockkit._grant_privileges();

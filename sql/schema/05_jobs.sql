@@ -240,7 +240,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pglockkit._lock_jobs(bigint[], bigint[]) IS
-    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each (complete_jobs, and a worker''s group before its outcomes), so that job rows are always locked in one order and before key rows.';
+    'Private: locks the running jobs of these (id, token) pairs in id order, waiting for each: what complete_jobs does in its one statement, for a worker''s group that records its outcomes in several, so that job rows are always locked in one order and before key rows.';
 
 CREATE FUNCTION pglockkit.enqueue_job(
     queue text, payload jsonb DEFAULT '{}', run_at timestamptz DEFAULT pg_catalog.now(), priority integer DEFAULT 0,
@@ -1016,13 +1016,25 @@ BEGIN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pglockkit._lock_jobs(ids, tokens);  -- the job rows in id order, then the keys'
-    WITH done AS (
+    -- The job rows are locked first, in id order, whatever the order of the arrays. A row whose
+    -- token went stale while this statement ran is locked too (its newest version, to the end of
+    -- the transaction: PostgreSQL locks a concurrently updated row before it rechecks it), so two
+    -- calls that locked in their arrays' orders could each hold a row the other waited for: a
+    -- stale caller and the claimer that had reclaimed its jobs deadlocked. Then the key rows, in
+    -- key order (_keys_left).
+    WITH mine AS (
+        SELECT j.id
+          FROM pglockkit.jobs j
+          JOIN ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
+            ON j.id = c.id AND j.token = c.token
+         WHERE j.status = 'running'
+         ORDER BY j.id
+           FOR NO KEY UPDATE OF j
+    ), done AS (
         UPDATE pglockkit.jobs j
            SET status = 'done', finished_at = pg_catalog.clock_timestamp(), lease_expires_at = NULL
-          FROM ROWS FROM (pg_catalog.unnest(ids), pg_catalog.unnest(tokens)) AS c(id, token)
-         WHERE j.id = c.id AND j.token = c.token
-           AND j.status = 'running'
+          FROM mine m
+         WHERE j.id = m.id
         RETURNING j.queue, j.concurrency_key
     )
     SELECT pg_catalog.count(*)::int, pg_catalog.array_agg(d.queue), pg_catalog.array_agg(d.concurrency_key)
