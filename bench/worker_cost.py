@@ -101,7 +101,6 @@ def _children_cpu(pid: int) -> float:
 
 
 def _commits(conn: psycopg.Connection) -> int:
-    conn.execute("SELECT pg_stat_clear_snapshot()")
     return conn.execute(
         "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     ).fetchone()[0]
@@ -111,21 +110,24 @@ def _settled(conn: psycopg.Connection, postmaster: int) -> tuple[int, float]:
     """The commit count and the backends' CPU once the other sessions of this database have ended
     and what they did is counted: a session's statistics and its CPU reach pg_stat_database and
     the postmaster's cutime when its backend exits, shortly after the client closes it. Polled
-    (no other backend left, both values unchanged over 50 ms), not slept for: a fixed 1.1 s before
+    (no other client backend left, both values unchanged over 50 ms), not slept for: a fixed 1.1 s before
     and after each measure was 9 of the quick suite's 34 s. ``conn`` reads in one transaction
     that it never commits, so it adds no commit of its own to the count."""
     deadline = time.monotonic() + 10.0
-    last = None
+    last = None  # the values of the last poll that saw no other session
     while True:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")  # this transaction's cached statistics
         others = conn.execute(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"  # not an autovacuum worker
         ).fetchone()[0]
         now = (_commits(conn), _children_cpu(postmaster))
-        if (others == 0 and now == last) or time.monotonic() > deadline:
+        if others == 0 and now == last:
             return now
-        last = now
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{others} other session(s) of the database still open after 10 s")
+        last = now if others == 0 else None
         time.sleep(0.05)
 
 
