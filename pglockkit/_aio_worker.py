@@ -39,7 +39,7 @@ from pglockkit._lanes import (
     worker_params,
 )
 from pglockkit.errors import PglockkitError
-from pglockkit.retry import backoff
+from pglockkit.retry import RECONNECT_BASE, backoff
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -219,7 +219,7 @@ class Worker(WorkerBase):
                 await conn.close()
 
     async def _pause(self, failures: int, what: str) -> int:
-        pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
+        pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
         self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
         with contextlib.suppress(TimeoutError):

@@ -57,6 +57,7 @@ from pglockkit import _calls
 from pglockkit._calls import Call, Job
 from pglockkit.connection import connect_params
 from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, UnknownJob
+from pglockkit.retry import TICK_BACKOFF_CAP
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -247,7 +248,6 @@ class Settings:
 
 # How often a worker process ticks the schedules (pglockkit.tick_schedules), at most.
 TICK_INTERVAL = 1.0
-TICK_BACKOFF_CAP = 30.0  # seconds between ticks that keep failing
 
 # A worker's defaults (the CLI shows them).
 BATCH = 32

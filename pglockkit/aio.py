@@ -33,7 +33,7 @@ from pglockkit._calls import Job, Timeout
 from pglockkit.connection import connect_params, sever
 from pglockkit.errors import LockTimeout, RetryableError
 from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
-from pglockkit.retry import check_attempts, pause_or_raise
+from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
 
 T = TypeVar("T")
@@ -626,8 +626,8 @@ async def retry(
     fn: Callable[[], Awaitable[T]],
     *,
     attempts: int = 5,
-    base: float = 0.05,
-    cap: float = 5.0,
+    base: float = RETRY_BASE,
+    cap: float = RETRY_CAP,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
 ) -> T:
     """``pglockkit.retry`` for coroutines: await ``fn()`` (one whole transaction) until it succeeds,

@@ -26,6 +26,7 @@ from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
+from pglockkit.retry import TICK_BACKOFF_CAP
 from pglockkit.worker import Worker
 
 T = TypeVar("T")
@@ -285,9 +286,6 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
-SCHEDULER_BACKOFF_CAP = 30.0  # seconds between the scheduler's tries while its ticks fail
-
-
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """Tick every `--every` until SIGTERM/SIGINT (the tick in progress finishes); a tick that
     fails (a lost connection, a database that refuses writes) is tried again on a new connection,
@@ -321,12 +319,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                     raise
                 # Lost, refused (a database turned read-only in a failover), or failed: the next
                 # try is on a new connection (which may reach the new primary), after a pause that
-                # doubles up to SCHEDULER_BACKOFF_CAP, a line each, as a worker's ticks do.
+                # doubles up to TICK_BACKOFF_CAP, a line each, as a worker's ticks do.
                 what = (
                     "cannot connect" if conn is None else "connection lost" if conn.closed else "tick failed"
                 )
                 failures += 1
-                pause = min(pause * 2**failures, max(pause, SCHEDULER_BACKOFF_CAP))
+                pause = min(pause * 2**failures, max(pause, TICK_BACKOFF_CAP))
                 text = _calls.first_line(exc)
                 print(f"pglockkit scheduler: {what} ({text}); retrying in {pause:g} s", file=sys.stderr)
                 if conn is not None:

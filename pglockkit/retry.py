@@ -18,8 +18,16 @@ log = logging.getLogger("pglockkit.retry")
 
 T = TypeVar("T")
 
+# The pauses of the kit's own retries, named once (seconds).
+RETRY_BASE = 0.05  # the first pause of retry() and backoff()
+RETRY_CAP = 5.0  # the longest pause of retry()
+RECONNECT_BASE = 0.1  # the first pause before a worker's reconnect or an install's next try
+TICK_BACKOFF_CAP = 30.0  # the longest pause between schedule ticks that keep failing (worker, scheduler)
 
-def backoff(attempt: int, *, base: float = 0.05, cap: float = 5.0, rng: random.Random | None = None) -> float:
+
+def backoff(
+    attempt: int, *, base: float = RETRY_BASE, cap: float = RETRY_CAP, rng: random.Random | None = None
+) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
 
     Jitter is what keeps a swarm of retrying workers from synchronising into a thundering herd.
@@ -33,8 +41,8 @@ def retry(
     fn: Callable[[], T],
     *,
     attempts: int = 5,
-    base: float = 0.05,
-    cap: float = 5.0,
+    base: float = RETRY_BASE,
+    cap: float = RETRY_CAP,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Call ``fn`` until it succeeds, retrying retryable failures with jittered backoff.

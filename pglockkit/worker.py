@@ -45,7 +45,7 @@ from pglockkit._lanes import (
     worker_params,
 )
 from pglockkit.errors import PglockkitError
-from pglockkit.retry import backoff
+from pglockkit.retry import RECONNECT_BASE, backoff
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -258,7 +258,7 @@ class Worker(WorkerBase):
                 conn.close()
 
     def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
-        pause = backoff(failures, base=0.1, cap=self.settings.reconnect_cap)
+        pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
         self._reconnects += 1
         log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
         # Looking for a stop() every quarter of a second (the thread of run() passes it on), with
