@@ -28,7 +28,7 @@ from yoyo.connections import DatabaseURI
 from pglockkit.connection import connect
 from pglockkit.errors import DependentObjects, LockTimeout, NotOwner, PreReleaseInstall
 from pglockkit.keys import lock_key, namespace_id
-from pglockkit.retry import backoff
+from pglockkit.retry import RECONNECT_BASE, backoff
 
 log = logging.getLogger("pglockkit.install")
 
@@ -254,7 +254,7 @@ def install(dsn: str = "", *, lock_timeout_s: float = 300.0) -> list[str]:
     another transaction is tried again until ``lock_timeout_s``, then ``LockTimeout`` (55P03).
 
     >>> install("postgresql://app@db/app")  # doctest: +SKIP
-    ['0001_baseline', '0002_inlined_named_locks', ...]
+    ['0001_baseline', ...]
     >>> install("postgresql://app@db/app")  # doctest: +SKIP
     []
     """
@@ -302,7 +302,7 @@ def _apply_waiting_briefly(backend, migrations, timeout_s: float) -> list:
                 backend.apply_migrations(left)
             return pending
         except psycopg.errors.LockNotAvailable as exc:
-            waiting, pause = backend.to_apply(migrations), backoff(attempt, base=0.1)
+            waiting, pause = backend.to_apply(migrations), backoff(attempt, base=RECONNECT_BASE)
             attempt += 1
             if time.monotonic() + pause > deadline:
                 raise LockTimeout(

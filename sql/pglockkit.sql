@@ -20,6 +20,15 @@ CREATE SCHEMA pglockkit;
 COMMENT ON SCHEMA pglockkit IS
     'pglockkit: coordination primitives (namespaced advisory locks, job queue, leases, singleton runs, monitoring). Call the functions; the tables are private.';
 
+-- The longest lock wait, named once: the lock helpers, their inlined fast paths and the
+-- namespaces' CHECK use it (so it comes before the table). IMMUTABLE SQL without a SET clause:
+-- the planner folds it into a constant, in an inlined caller too.
+CREATE FUNCTION pglockkit._longest_lock_wait() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '24 days';
+COMMENT ON FUNCTION pglockkit._longest_lock_wait() IS
+    'Private: the longest lock timeout pglockkit accepts, 24 days (PostgreSQL times a wait in milliseconds in a 32-bit integer).';
+
 -- ---------------------------------------------------------------------------------------------
 -- Namespace registry
 -- ---------------------------------------------------------------------------------------------
@@ -31,7 +40,7 @@ CREATE TABLE pglockkit.namespaces (
     lock_timeout interval    CHECK (lock_timeout > interval '0'),
     created_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     updated_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    CONSTRAINT namespaces_lock_timeout_max CHECK (lock_timeout OPERATOR(pg_catalog.<=) interval '24 days')
+    CONSTRAINT namespaces_lock_timeout_max CHECK (lock_timeout OPERATOR(pg_catalog.<=) pglockkit._longest_lock_wait())
 );
 COMMENT ON TABLE pglockkit.namespaces IS
     'Registry of lock namespaces: the high 16 bits of every pglockkit lock key. Write it through pglockkit.register_namespace().';
@@ -87,10 +96,10 @@ CREATE FUNCTION pglockkit._ns_id_from_name(name text) RETURNS smallint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT ((('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
+    SELECT ((('x' || pg_catalog.encode(
                 pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(name, 'UTF8')), 1, 2),
-                'hex'))::pg_catalog.bit(16)::pg_catalog.int4 OPERATOR(pg_catalog.%) 32767)
-            OPERATOR(pg_catalog.+) 1)::pg_catalog.int2
+                'hex'))::pg_catalog.bit(16)::pg_catalog.int4 % 32767)
+            + 1)::pg_catalog.int2
 $$;
 COMMENT ON FUNCTION pglockkit._ns_id_from_name(text) IS
     'Private: the namespace id derived from a name (first 2 bytes of sha256, big-endian, mod 32767, plus 1), the same in every database.';
@@ -305,14 +314,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- Namespace ids are 1..32767: a key under 2^48 (namespace 0, a plain pg_advisory_lock(42))
     -- or negative is foreign (0017).
-    SELECT CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+    SELECT CASE WHEN (key >> 48) > 0 THEN (key >> 48)::int4 END,
            (SELECT n.name FROM pglockkit.namespaces n
-             WHERE (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0
-               AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
-           CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
-                WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
+             WHERE (key >> 48) > 0
+               AND n.id = (key >> 48)::int4),
+           CASE WHEN (key >> 48) <= 0 THEN 'foreign'
+                WHEN (key & (1::int8 << 47)) <> 0 THEN 'text'
                 WHEN key IS NOT NULL THEN 'integer' END,
-           key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
+           key & ((1::int8 << 47) - 1)
 $$;
 COMMENT ON FUNCTION pglockkit.decode_key(bigint) IS
     'Splits a lock key into namespace id, registered namespace name (NULL if unregistered), form (''text'' hash, ''integer'' id, or ''foreign'' for keys below 2^48 or negative, in no namespace id 1..32767: pglockkit never makes them, a plain pg_advisory_lock(42) does) and the low 47 bits. All NULL for a NULL key.';
@@ -324,7 +333,7 @@ LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT d.namespace_id, d.namespace, d.form, d.resource_bits
-      FROM pglockkit.decode_key((classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) objid::int8) d
+      FROM pglockkit.decode_key((classid::int8 << 32) | objid::int8) d
 $$;
 COMMENT ON FUNCTION pglockkit.decode_key(oid, oid) IS
     'decode_key for a pg_locks row of a bigint advisory lock (objsubid = 1): SELECT l.pid, d.* FROM pg_locks l, pglockkit.decode_key(l.classid, l.objid) d WHERE l.locktype = ''advisory'' AND l.objsubid = 1.';
@@ -342,7 +351,7 @@ BEGIN
     IF register_namespace.name IS NULL THEN
         RAISE EXCEPTION 'namespace name must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF register_namespace.name OPERATOR(pg_catalog.!~) '^[a-z][a-z0-9_.:-]{0,62}$' THEN
+    IF register_namespace.name !~ '^[a-z][a-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid namespace name "%"', register_namespace.name
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A namespace name is 1 to 63 characters: a lowercase letter, then lowercase letters, digits, or _ . : -';
@@ -351,7 +360,7 @@ BEGIN
         RAISE EXCEPTION 'namespace id % is out of range', register_namespace.id
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'Namespace ids are 1 to 32767.';
     END IF;
-    IF register_namespace.lock_timeout IS NOT NULL AND register_namespace.lock_timeout OPERATOR(pg_catalog.<=) interval '0' THEN
+    IF register_namespace.lock_timeout IS NOT NULL AND register_namespace.lock_timeout <= interval '0' THEN
         RAISE EXCEPTION 'namespace lock_timeout must be positive, got %', register_namespace.lock_timeout
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass NULL to use the server''s lock_timeout.';
     END IF;
@@ -395,7 +404,7 @@ BEGIN
     END IF;
 
     SELECT n.name INTO v_name FROM pglockkit.namespaces n
-     WHERE n.id OPERATOR(pg_catalog.=) coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+     WHERE n.id = coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
     RAISE EXCEPTION 'namespace id % is already held by namespace "%"',
             coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name)), v_name
         USING ERRCODE = 'unique_violation',
@@ -424,15 +433,16 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF timeout IS NOT NULL AND timeout OPERATOR(pg_catalog.<=) interval '0' THEN
+    IF timeout IS NOT NULL AND timeout <= interval '0' THEN
         RAISE EXCEPTION 'lock timeout must be positive, got %', timeout
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'To skip instead of waiting, use try_xact_lock; for the default wait, pass NULL.';
     END IF;
-    IF timeout IS NOT NULL AND timeout OPERATOR(pg_catalog.>) interval '24 days' THEN
+    IF timeout IS NOT NULL AND timeout > pglockkit._longest_lock_wait() THEN
         RAISE EXCEPTION 'lock timeout % is out of range', timeout
             USING ERRCODE = 'numeric_value_out_of_range',
-                  HINT = 'The longest lock wait PostgreSQL can time is 24 days; pass NULL to wait without a limit of pglockkit''s.';
+                  HINT = pg_catalog.format('The longest lock wait PostgreSQL can time is %s; pass NULL to wait without a limit of pglockkit''s.',
+                                           pglockkit._longest_lock_wait());
     END IF;
 END
 $$;
@@ -446,10 +456,10 @@ AS $$
     SELECT coalesce(pg_catalog.string_agg(l.pid::text, ', ' ORDER BY l.pid), 'unknown')
       FROM pg_catalog.pg_locks l
      WHERE l.locktype = 'advisory' AND l.granted
-       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
        AND l.objsubid = 1
-       AND l.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-       AND l.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.classid = (key >> 32)::oid
+       AND l.objid = (key & 4294967295)::oid
 $$;
 COMMENT ON FUNCTION pglockkit._lock_holders(bigint) IS
     'Private: the pids holding a bigint advisory lock key in this database, for error messages.';
@@ -464,7 +474,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- (OPERATOR() syntax has one precedence for all operators: the product is in parentheses.)
     SELECT pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', timeout)
-                                            OPERATOR(pg_catalog.-) (pg_catalog.date_part('year', timeout) OPERATOR(pg_catalog.*) 453600))
+                                            - (pg_catalog.date_part('year', timeout) * 453600))
 $$;
 COMMENT ON FUNCTION pglockkit._timeout_span(interval) IS
     'Private: a timeout as the span its comparisons see (a month 30 days, a year 360): what a wait of that timeout lasts.';
@@ -476,8 +486,8 @@ AS $$
     -- Whole milliseconds, at least 1: lock_timeout = 0 would mean "wait forever".
     SELECT pg_catalog.set_config('lock_timeout',
         (SELECT CASE WHEN ms < 1 THEN 1 ELSE ms END
-           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', pglockkit._timeout_span(timeout)) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
-        )::text OPERATOR(pg_catalog.||) 'ms',
+           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', pglockkit._timeout_span(timeout)) * 1000)::int8 AS ms) m
+        )::text || 'ms',
         true)
 $$;
 COMMENT ON FUNCTION pglockkit._set_lock_timeout(interval) IS
@@ -499,9 +509,9 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock(key);
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'could not lock %/% (key %) within %', ns, label, key,
-                coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
+                coalesce(timeout::text, 'lock_timeout ' || v_prev)
             USING ERRCODE = 'lock_not_available',
-                  DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(key) OPERATOR(pg_catalog.||) '.',
+                  DETAIL = 'Held by pid ' || pglockkit._lock_holders(key) || '.',
                   HINT = 'Retry with jittered backoff, or use try_xact_lock to skip instead of waiting; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
     END;
     IF timeout IS NOT NULL THEN
@@ -560,7 +570,7 @@ DECLARE
 BEGIN
     PERFORM pglockkit._check_timeout(timeout);
     v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns));
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(v_timeout);
+    v_deadline := pg_catalog.clock_timestamp() + pglockkit._timeout_span(v_timeout);
     -- Ascending key order is what makes two callers unable to deadlock on the same set.
     FOR v_key, v_label IN
         SELECT DISTINCT ON (k.key) k.key, k.label
@@ -569,17 +579,17 @@ BEGIN
     LOOP
         IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
             IF v_deadline IS NOT NULL THEN
-                v_left := v_deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp();
-                IF v_left OPERATOR(pg_catalog.<=) interval '0' THEN
+                v_left := v_deadline - pg_catalog.clock_timestamp();
+                IF v_left <= interval '0' THEN
                     RAISE EXCEPTION 'could not lock %/% (key %) within % (the whole call''s budget)', ns, v_label, v_key, v_timeout
                         USING ERRCODE = 'lock_not_available',
-                              DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(v_key) OPERATOR(pg_catalog.||) '.',
+                              DETAIL = 'Held by pid ' || pglockkit._lock_holders(v_key) || '.',
                               HINT = 'Retry with jittered backoff; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
                 END IF;
             END IF;
             PERFORM pglockkit._xact_lock_wait(ns, v_label, v_key, v_left);
         END IF;
-        v_done := v_done OPERATOR(pg_catalog.||) v_key;
+        v_done := v_done || v_key;
     END LOOP;
     RETURN v_done;
 END
@@ -660,7 +670,7 @@ COMMENT ON FUNCTION pglockkit.try_xact_lock(text, bigint) IS
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource text, timeout interval DEFAULT NULL) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
-    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
+    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= pglockkit._longest_lock_wait()))
                      AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
                 THEN pglockkit._key(pglockkit._ns_id(ns), resource)
                 ELSE pglockkit._xact_lock(ns, resource, timeout) END;
@@ -671,7 +681,7 @@ COMMENT ON FUNCTION pglockkit.xact_lock(text, text, interval) IS
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource bigint, timeout interval DEFAULT NULL) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
-    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
+    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= pglockkit._longest_lock_wait()))
                      AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
                 THEN pglockkit._key(pglockkit._ns_id(ns), resource)
                 ELSE pglockkit._xact_lock(ns, resource, timeout) END;
@@ -691,7 +701,7 @@ BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(resources) OPERATOR(pg_catalog.>) 1000 THEN
+    IF pg_catalog.cardinality(resources) > 1000 THEN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
@@ -701,8 +711,8 @@ BEGIN
     -- this transaction holds is taken again at once), so the order, and with it the freedom from
     -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
     -- lock_timeout and names the holder; a free set of locks pays for none of it.
-    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
-                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+    IF timeout IS NULL OR (timeout > interval '0'
+                           AND timeout <= pglockkit._longest_lock_wait()) THEN
         v_keys := ARRAY(SELECT DISTINCT pglockkit._key(v_id, r) FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
         FOREACH v_key IN ARRAY v_keys LOOP
             IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
@@ -733,7 +743,7 @@ BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(resources) OPERATOR(pg_catalog.>) 1000 THEN
+    IF pg_catalog.cardinality(resources) > 1000 THEN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
@@ -743,8 +753,8 @@ BEGIN
     -- this transaction holds is taken again at once), so the order, and with it the freedom from
     -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
     -- lock_timeout and names the holder; a free set of locks pays for none of it.
-    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
-                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+    IF timeout IS NULL OR (timeout > interval '0'
+                           AND timeout <= pglockkit._longest_lock_wait()) THEN
         v_keys := ARRAY(SELECT DISTINCT coalesce(pglockkit._key(v_id, r), pglockkit._invalid_resource(r))
                           FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
         FOREACH v_key IN ARRAY v_keys LOOP
@@ -805,9 +815,9 @@ BEGIN
                           WHEN 'I' THEN 'partitioned index' WHEN 'c' THEN 'composite type'
                           WHEN 'm' THEN 'materialized view' WHEN 't' THEN 'TOAST table'
                           ELSE pg_catalog.format('relation of kind %L', v_kind) END;
-    IF v_kind OPERATOR(pg_catalog.<>) ALL ('{r,p,v,f}'::"char"[]) THEN
+    IF v_kind <> ALL ('{r,p,v,f}'::"char"[]) THEN
         RAISE EXCEPTION '% is %, not a table: lock_rows locks rows of a table, partitioned table, view or foreign table', tbl,
-                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
+                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END || v_what
             USING ERRCODE = 'wrong_object_type';
     END IF;
     IF v_type IS NULL THEN
@@ -830,19 +840,19 @@ BEGIN
     END IF;
     -- regclass output is schema-qualified where needed and quoted: safe to splice in.
     v_sql := pg_catalog.format('SELECT 1 FROM %s WHERE id = $1 FOR UPDATE', tbl);
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(timeout);
+    v_deadline := pg_catalog.clock_timestamp() + pglockkit._timeout_span(timeout);
     -- One row at a time in ascending id order: the order is what prevents deadlocks, and the
     -- deadline makes the timeout bound the whole call.
     FOR v_id IN SELECT DISTINCT i FROM pg_catalog.unnest(ids) AS i ORDER BY i LOOP
         BEGIN
             IF v_deadline IS NOT NULL THEN
-                v_left := v_deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp();
+                v_left := v_deadline - pg_catalog.clock_timestamp();
                 PERFORM pglockkit._set_lock_timeout(v_left);
             END IF;
             EXECUTE v_sql USING v_id;
             GET DIAGNOSTICS v_rows = ROW_COUNT;
         EXCEPTION WHEN lock_not_available THEN
-            RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
+            RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' || v_prev)
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'Retry with jittered backoff; pg_blocking_pids() of a waiting session names who blocks it.';
         WHEN undefined_function THEN
@@ -862,7 +872,7 @@ BEGIN
             RAISE EXCEPTION 'id % is out of range for column "id" of % % (%)', v_id, v_what, tbl, v_type
                 USING ERRCODE = 'numeric_value_out_of_range', DETAIL = SQLERRM;
         END;
-        v_found := v_found OPERATOR(pg_catalog.+) v_rows;
+        v_found := v_found + v_rows;
     END LOOP;
     IF v_deadline IS NOT NULL THEN
         PERFORM pg_catalog.set_config('lock_timeout', v_prev, true);
@@ -913,6 +923,16 @@ COMMENT ON TABLE pglockkit.leases IS
 COMMENT ON COLUMN pglockkit.leases.session_key IS
     'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
 
+CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.lease_tokens IS
+    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
+
+-- The longest lease ttl, named once (leases are renewed while held: seconds to minutes).
+CREATE FUNCTION pglockkit._longest_lease_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '1 year';
+COMMENT ON FUNCTION pglockkit._longest_lease_ttl() IS 'Private: the longest lease ttl pglockkit accepts, 1 year.';
+
 CREATE FUNCTION pglockkit._advisory_held(key bigint, by_this_session boolean) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -920,12 +940,12 @@ AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks k
          WHERE k.locktype = 'advisory' AND k.granted
-           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-           AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+           AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                   WHERE d.datname = pg_catalog.current_database())
+           AND (NOT by_this_session OR k.pid = pg_catalog.pg_backend_pid())
            AND k.objsubid = 1
-           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+           AND k.classid = (key >> 32)::oid
+           AND k.objid = (key & 4294967295)::oid)
 $$;
 COMMENT ON FUNCTION pglockkit._advisory_held(bigint, boolean) IS
     'Private: whether the bigint advisory key is held in this database (by this session only, if by_this_session). Reads pg_locks: not for hot paths.';
@@ -956,12 +976,12 @@ BEGIN
     -- Positive as an interval (a month is 30 days there) and in effect: now + ttl is later than
     -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards). The
     -- sum only within range: '300000 years' would overflow the timestamp (22008) (0015).
-    IF ttl OPERATOR(pg_catalog.<=) interval '0'
-       OR (ttl OPERATOR(pg_catalog.<=) interval '1 year'
-           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
+    IF ttl <= interval '0'
+       OR (ttl <= pglockkit._longest_lease_ttl()
+           AND pg_catalog.statement_timestamp() + ttl <= pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
+    IF ttl > pglockkit._longest_lease_ttl() THEN
         RAISE EXCEPTION 'lease ttl % is out of range', ttl USING ERRCODE = 'numeric_value_out_of_range',
             HINT = 'A lease is renewed while held; keep its ttl short (seconds to minutes).';
     END IF;
@@ -1026,7 +1046,7 @@ DECLARE
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
-       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year'
+       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > pglockkit._longest_lease_ttl()
        OR v_now + acquire_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(acquire_lease.name, acquire_lease.holder, acquire_lease.ttl);
         IF bind_session IS NULL THEN
@@ -1148,7 +1168,7 @@ BEGIN
             END IF;
             v_now := pg_catalog.clock_timestamp();
             INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
-            VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
+            VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now + acquire_lease.ttl, v_now)
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
             GET DIAGNOSTICS v_n = ROW_COUNT;
             IF v_n = 0 THEN
@@ -1167,7 +1187,7 @@ BEGIN
                     -- The live holder acquiring again: a renewal, same token (a bound lease stays
                     -- bound to its backend).
                     UPDATE pglockkit.leases l
-                       SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
+                       SET renewed_at = v_now, expires_at = v_now + acquire_lease.ttl
                      WHERE l.name = acquire_lease.name;
                     RETURN v_row.token;
                 END IF;
@@ -1203,7 +1223,7 @@ BEGIN
         END IF;
         UPDATE pglockkit.leases l
            SET holder = acquire_lease.holder, token = v_token, acquired_at = v_since, renewed_at = v_now,
-               expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
+               expires_at = v_now + acquire_lease.ttl, released_at = NULL,
                session_bound = bind_session, holder_pid = v_pid,
                session_key = v_bind
          WHERE l.name = acquire_lease.name;
@@ -1240,7 +1260,7 @@ DECLARE
 BEGIN
     IF renew_lease.name IS NULL OR renew_lease.holder IS NULL OR renew_lease.ttl IS NULL
        OR renew_lease.name = '' OR renew_lease.holder = ''
-       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year'
+       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > pglockkit._longest_lease_ttl()
        OR v_now + renew_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(renew_lease.name, renew_lease.holder, renew_lease.ttl);
         RAISE EXCEPTION 'lease ttl must be positive, got %', renew_lease.ttl USING ERRCODE = 'invalid_parameter_value';
@@ -1249,7 +1269,7 @@ BEGIN
         RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     UPDATE pglockkit.leases l
-       SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) renew_lease.ttl
+       SET renewed_at = v_now, expires_at = v_now + renew_lease.ttl
      WHERE l.name = renew_lease.name
        AND l.holder = renew_lease.holder
        AND l.token = renew_lease.token
@@ -1352,7 +1372,7 @@ BEGIN
         RAISE EXCEPTION 'fence check failed: lease "%" (token %) was released', check_fence.name, check_fence.token
             USING ERRCODE = 'PK001';
     END IF;
-    IF v_row.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
+    IF v_row.expires_at <= pg_catalog.clock_timestamp() THEN
         RAISE EXCEPTION 'fence check failed: lease "%" (token %) expired at %', check_fence.name, check_fence.token, v_row.expires_at
             USING ERRCODE = 'PK001', HINT = 'Renew the lease more often than its ttl.';
     END IF;
@@ -1360,19 +1380,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.check_fence(text, bigint) IS
     'Call inside the writer''s transaction before it writes: raises PK001 unless token is the live lease''s token, and holds the lease row (FOR SHARE) so that the lease cannot change hands before this transaction ends.';
-
-CREATE VIEW pglockkit.lease_status AS
-SELECT l.name::text AS name, l.holder, l.token::bigint AS token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
-       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
-       l.session_bound, l.holder_pid
-  FROM pglockkit.leases l;
-COMMENT ON VIEW pglockkit.lease_status IS
-    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';
-
-CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
-COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
 
 CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -1402,7 +1409,7 @@ BEGIN
        OR EXISTS (SELECT FROM pglockkit.leases l
                    WHERE l.name = _lease_drop_stale_key.name
                      AND l.session_bound AND l.session_key = v_key
-                     AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                     AND l.released_at IS NULL AND l.expires_at > pg_catalog.clock_timestamp())
     THEN
         RETURN false;
     END IF;
@@ -1423,23 +1430,32 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
+        v_before := pg_catalog.clock_timestamp() - older_than;
     EXCEPTION WHEN datetime_field_overflow THEN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
     -- A row locked by an acquirer is waited for, then checked again: a lease taken meanwhile stays.
     DELETE FROM pglockkit.leases l
-     WHERE coalesce(l.released_at, l.expires_at) OPERATOR(pg_catalog.<) v_before;
+     WHERE coalesce(l.released_at, l.expires_at) < v_before;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_leases(interval) IS
     'Deletes leases released, or expired, more than older_than ago; returns how many. Tokens never repeat: a pruned name''s next token is larger than all it had. A stale holder''s check_fence then fails with PK001 (no lease of that name). Run it from cron, e.g. prune_leases(''7 days'').';
+
+CREATE VIEW pglockkit.lease_status AS
+SELECT l.name::text AS name, l.holder, l.token::bigint AS token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
+       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
+       l.session_bound, l.holder_pid
+  FROM pglockkit.leases l;
+COMMENT ON VIEW pglockkit.lease_status IS
+    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';
 
 -- ==== sql/schema/04_runs.sql ====
 
@@ -1498,7 +1514,7 @@ BEGIN
         IF EXISTS (SELECT FROM pglockkit.runs r
                     WHERE r.job = start_run.job AND r.slot = start_run.slot
                       AND r.status = 'running'
-                      AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) THEN
+                      AND r.holder_pid = pg_catalog.pg_backend_pid()) THEN
             RETURN NULL;
         END IF;
     -- Herd guard: while a live session starts or runs this slot, everyone else returns at once.
@@ -1511,7 +1527,7 @@ BEGIN
     INSERT INTO pglockkit.runs AS r (job, slot, holder, status, started_at, holder_pid)
     VALUES (start_run.job, start_run.slot, start_run.holder, 'running', pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())
     ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
-       SET holder = excluded.holder, status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1,
+       SET holder = excluded.holder, status = 'running', attempt = r.attempt + 1,
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
      WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
@@ -1547,7 +1563,7 @@ BEGIN
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
      WHERE r.id = run_id AND r.status = 'running'
-       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+       AND r.holder_pid = pg_catalog.pg_backend_pid()
        AND pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), true)
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
@@ -1588,18 +1604,6 @@ CREATE CONSTRAINT TRIGGER runs_release_slot
     FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status <> 'running')
     EXECUTE FUNCTION pglockkit._release_finished_run();
 
-CREATE VIEW pglockkit.run_history AS
-SELECT r.id, r.job, r.slot, r.holder,
-       CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
-                 AND NOT pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), false)
-            THEN 'abandoned' ELSE r.status END AS status,
-       r.attempt, r.started_at, r.finished_at,
-       coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,
-       r.detail, r.holder_pid
-  FROM pglockkit.runs r;
-COMMENT ON VIEW pglockkit.run_history IS
-    'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';
-
 CREATE FUNCTION pglockkit.prune_runs(older_than interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1611,11 +1615,11 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
+        v_before := pg_catalog.clock_timestamp() - older_than;
     EXCEPTION WHEN datetime_field_overflow THEN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
@@ -1627,6 +1631,18 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_runs(interval) IS
     'Deletes runs that finished (succeeded or failed) more than older_than ago; returns how many. Running and abandoned runs stay. A pruned slot''s row was its backstop: start_run can run that slot again, so prune only slots no pod can still start (for daily slots, e.g. prune_runs(''30 days'')).';
+
+CREATE VIEW pglockkit.run_history AS
+SELECT r.id, r.job, r.slot, r.holder,
+       CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                 AND NOT pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), false)
+            THEN 'abandoned' ELSE r.status END AS status,
+       r.attempt, r.started_at, r.finished_at,
+       coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,
+       r.detail, r.holder_pid
+  FROM pglockkit.runs r;
+COMMENT ON VIEW pglockkit.run_history IS
+    'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';
 
 -- ==== sql/schema/05_jobs.sql ====
 
@@ -1745,8 +1761,29 @@ CREATE TYPE pglockkit.claimed_job AS (
 COMMENT ON TYPE pglockkit.claimed_job IS
     'A job handed out by claim_job: pass id and token to complete_job / fail_job / extend_job / release_job. concurrency_key is the job''s (NULL if none): a transaction that records outcomes of keyed jobs in several statements orders them by (queue, concurrency_key) COLLATE "C", the order the queue functions lock key rows in.';
 
--- Constants of the queue live here, once. (Note: every OPERATOR(pg_catalog.x) has the same
--- precedence, so mixed arithmetic below is fully parenthesised.)
+CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
+
+-- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
+CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
+    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
+
+CREATE TABLE pglockkit.config (
+    singleton         boolean PRIMARY KEY DEFAULT true CONSTRAINT config_one_row CHECK (singleton),
+    max_payload_bytes integer NOT NULL DEFAULT 1048576
+                      CONSTRAINT config_max_payload_bytes_range CHECK (max_payload_bytes BETWEEN 4096 AND 268435455)
+);
+COMMENT ON TABLE pglockkit.config IS
+    'pglockkit''s settings: one row. Change them with the set_* functions (pglockkit_admin); read them in pglockkit.settings.';
+
+INSERT INTO pglockkit.config DEFAULT VALUES;
+
+-- Constants of the queue live here, once.
+CREATE FUNCTION pglockkit._longest_job_lease() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '7 days';
+COMMENT ON FUNCTION pglockkit._longest_job_lease() IS
+    'Private: the longest job lease pglockkit accepts, 7 days (a long job extends its lease while it runs).';
+
 CREATE FUNCTION pglockkit._retry_delay(attempt integer) RETURNS interval
 LANGUAGE sql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -1754,8 +1791,8 @@ AS $$
     -- Exponential backoff with "equal jitter": half of 2^(attempt-1) seconds fixed, half random,
     -- capped at one hour, so failing jobs spread out instead of retrying in lockstep.
     SELECT pg_catalog.make_interval(secs =>
-        (d OPERATOR(pg_catalog./) 2) OPERATOR(pg_catalog.+) ((pg_catalog.random() OPERATOR(pg_catalog.*) d) OPERATOR(pg_catalog./) 2))
-      FROM (SELECT LEAST(3600.0, pg_catalog.power(2.0, GREATEST(attempt, 1) OPERATOR(pg_catalog.-) 1))::float8 AS d) s
+        (d / 2) + ((pg_catalog.random() * d) / 2))
+      FROM (SELECT LEAST(3600.0, pg_catalog.power(2.0, GREATEST(attempt, 1) - 1))::float8 AS d) s
 $$;
 COMMENT ON FUNCTION pglockkit._retry_delay(integer) IS
     'Private: the pause before retry n of a failed job: d/2 + random()*d/2 with d = 2^(n-1) s, capped at 1 h.';
@@ -1786,14 +1823,15 @@ BEGIN
     -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
     -- move the clock back, a lease expired when it is given (0013). The sum only within range:
     -- '300000 years' would overflow the timestamp (22008) (0015).
-    IF lease OPERATOR(pg_catalog.<=) interval '0'
-       OR (lease OPERATOR(pg_catalog.<=) interval '7 days'
-           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
+    IF lease <= interval '0'
+       OR (lease <= pglockkit._longest_job_lease()
+           AND pg_catalog.statement_timestamp() + lease <= pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
+    IF lease > pglockkit._longest_job_lease() THEN
         RAISE EXCEPTION 'lease % is out of range', lease USING ERRCODE = 'numeric_value_out_of_range',
-            HINT = 'Leases are at most 7 days; extend a long job''s lease with extend_job while it runs.';
+            HINT = pg_catalog.format('Leases are at most %s; extend a long job''s lease with extend_job while it runs.',
+                                     pglockkit._longest_job_lease());
     END IF;
 END
 $$;
@@ -1841,7 +1879,7 @@ AS $$
            FOR NO KEY UPDATE OF k
     )
     UPDATE pglockkit.job_keys k
-       SET running = k.running OPERATOR(pg_catalog.-) l.n
+       SET running = k.running - l.n
       FROM locked l
      WHERE k.queue = l.queue AND k.key = l.key
 $$;
@@ -1897,7 +1935,7 @@ BEGIN
             HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
     END IF;
     -- The payload limit: read only for a payload over its smallest value, or compressed.
-    IF pg_catalog.pg_column_size(enqueue_job.payload) OPERATOR(pg_catalog.>) 4096
+    IF pg_catalog.pg_column_size(enqueue_job.payload) > 4096
        OR pg_catalog.pg_column_compression(enqueue_job.payload) IS NOT NULL THEN
         PERFORM pglockkit._check_payloads(ARRAY[enqueue_job.payload]);
     END IF;
@@ -1905,7 +1943,7 @@ BEGIN
         RAISE EXCEPTION 'max_attempts % is out of range', enqueue_job.max_attempts
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
     END IF;
-    IF (enqueue_job.concurrency_key IS NULL) OPERATOR(pg_catalog.<>) (enqueue_job.concurrency_limit IS NULL) THEN
+    IF (enqueue_job.concurrency_key IS NULL) <> (enqueue_job.concurrency_limit IS NULL) THEN
         RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
     END IF;
@@ -1977,7 +2015,7 @@ BEGIN
             HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
     END IF;
     IF EXISTS (SELECT FROM pg_catalog.unnest(payloads) AS p(payload)
-                WHERE pg_catalog.pg_column_size(p.payload) OPERATOR(pg_catalog.>) 4096
+                WHERE pg_catalog.pg_column_size(p.payload) > 4096
                    OR pg_catalog.pg_column_compression(p.payload) IS NOT NULL) THEN
         PERFORM pglockkit._check_payloads(payloads);
     END IF;
@@ -2079,9 +2117,9 @@ BEGIN
     -- The argument checks, as one expression when the arguments are good (each IF is an
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
-       OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
-       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'  -- before the sum, which it keeps in range
-       OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
+       OR claim_job.lease IS NULL OR claim_job.lease <= interval '0'
+       OR claim_job.lease > pglockkit._longest_job_lease()  -- before the sum, which it keeps in range
+       OR v_now + claim_job.lease <= v_now
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
@@ -2118,7 +2156,7 @@ BEGIN
     -- tokens in this statement (a call for such jobs only: a job without a rate key costs one
     -- column test); otherwise left to the keyed path. A paused queue: a one-time filter too.
     IF claim_job.batch = 1
-       AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
+       AND pg_catalog.current_setting('server_version_num')::integer >= 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
         -- scan jumps over the entries of jobs_ready that are scheduled for later (run_at is an index
         -- condition under the skipped priority column), so the walk over priorities below is not
@@ -2126,10 +2164,10 @@ BEGIN
         -- install, so that a pg_upgrade to 18 takes this branch without a migration.
         RETURN QUERY
         UPDATE pglockkit.jobs j
-           SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+           SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
-         WHERE j.id OPERATOR(pg_catalog.=) (
+         WHERE j.id = (
                SELECT r.id
                  FROM pglockkit.jobs r
                 WHERE r.queue = claim_job.queue AND r.status = 'queued'
@@ -2148,14 +2186,14 @@ BEGIN
         -- case, a queue whose top priority has a due job, costs two index probes and no walk.
         RETURN QUERY
         UPDATE pglockkit.jobs j
-           SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+           SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
-         WHERE j.id OPERATOR(pg_catalog.=) (
+         WHERE j.id = (
                SELECT r.id
                  FROM pglockkit.jobs r
                 WHERE r.queue = claim_job.queue AND r.status = 'queued'
-                  AND r.priority OPERATOR(pg_catalog.=) (
+                  AND r.priority = (
                       SELECT t.priority FROM pglockkit.jobs t
                        WHERE t.queue = claim_job.queue AND t.status = 'queued'
                        ORDER BY t.priority DESC LIMIT 1)
@@ -2190,10 +2228,10 @@ BEGIN
                   FROM priorities p WHERE p.priority IS NOT NULL
             )
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) (
+             WHERE j.id = (
                    SELECT x.id
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
@@ -2231,10 +2269,10 @@ BEGIN
               FROM priorities p WHERE p.priority IS NOT NULL
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(
+             WHERE j.id = ANY (ARRAY(
                    SELECT x.id
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
@@ -2328,10 +2366,10 @@ BEGIN
              LIMIT claim_job.batch
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
+             WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
         SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
@@ -2405,8 +2443,8 @@ BEGIN
                       AND (r.concurrency_key IS NULL OR NOT EXISTS (
                       SELECT FROM pglockkit.job_keys k
                        WHERE k.queue = claim_job.queue AND k.key = r.concurrency_key
-                         AND (k.running OPERATOR(pg_catalog.>=) r.concurrency_limit
-                              OR (k.running OPERATOR(pg_catalog.>) 0 AND k.running OPERATOR(pg_catalog.>=) (
+                         AND (k.running >= r.concurrency_limit
+                              OR (k.running > 0 AND k.running >= (
                                   SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
                                    WHERE m.queue = claim_job.queue
                                      AND m.concurrency_key = r.concurrency_key
@@ -2432,16 +2470,16 @@ BEGIN
             SELECT k.key, k.running
               FROM pglockkit.job_keys k
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))
+               AND k.key = ANY (ARRAY(SELECT y.key FROM keyed y))
              ORDER BY k.key
                FOR NO KEY UPDATE OF k SKIP LOCKED
         ), missing AS (
             -- Keys without a row in this statement's snapshot.
             SELECT y.key FROM keyed y
-             WHERE y.key OPERATOR(pg_catalog.<>) ALL (ARRAY(
+             WHERE y.key <> ALL (ARRAY(
                    SELECT k.key FROM pglockkit.job_keys k
                     WHERE k.queue = claim_job.queue
-                      AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))))
+                      AND k.key = ANY (ARRAY(SELECT y.key FROM keyed y))))
         ), limits AS (
             SELECT y.key, (SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
                             WHERE m.queue = claim_job.queue AND m.concurrency_key = y.key
@@ -2494,12 +2532,12 @@ BEGIN
                      WHERE r.rank = 1) r
              WHERE r.concurrency_key IS NULL
                 OR ((r.have_row OR r.create_row)
-                    AND r.nth OPERATOR(pg_catalog.<=) (r.key_limit OPERATOR(pg_catalog.-) r.running_now)
+                    AND r.nth <= (r.key_limit - r.running_now)
                     AND r.concurrency_key NOT IN (SELECT e.concurrency_key FROM expired e
                                                    WHERE e.exhausted AND e.concurrency_key IS NOT NULL))
         ), kept AS (
             SELECT a.* FROM allowed a
-             WHERE a.pos OPERATOR(pg_catalog.<=) (claim_job.batch OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM rate_ok o WHERE o.rank = 0))
+             WHERE a.pos <= (claim_job.batch - (SELECT pg_catalog.count(*) FROM rate_ok o WHERE o.rank = 0))
         ), buried AS (
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
@@ -2514,21 +2552,21 @@ BEGIN
         ), unburied AS (
             -- Rows locked above (or missing): no wait.
             UPDATE pglockkit.job_keys k
-               SET running = k.running OPERATOR(pg_catalog.-) b.n
+               SET running = k.running - b.n
               FROM unbury b
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
+               AND k.key = ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
         ), reserve AS (
             SELECT kk.concurrency_key AS key, pg_catalog.count(*)::int AS n, pg_catalog.min(kk.key_limit) AS lim
               FROM kept kk WHERE kk.have_row GROUP BY kk.concurrency_key
         ), reserved AS (
             -- Rows locked above: no wait. (The re-check of the limit cannot fail; it guards the count.)
             UPDATE pglockkit.job_keys k
-               SET running = k.running OPERATOR(pg_catalog.+) g.n, lim = g.lim
+               SET running = k.running + g.n, lim = g.lim
               FROM reserve g
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
-               AND (k.running OPERATOR(pg_catalog.+) g.n) OPERATOR(pg_catalog.<=) g.lim
+               AND k.key = ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
+               AND (k.running + g.n) <= g.lim
             RETURNING k.key
         ), created AS (
             INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
@@ -2562,12 +2600,12 @@ BEGIN
                AND (NOT kk.rate_limited OR kk.rate_key IN (SELECT sp.key FROM spent sp))
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
              -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
+             WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
         (SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
@@ -2595,7 +2633,7 @@ BEGIN
         -- most); this claim waits for nothing.
         EXIT WHEN v_found OR NOT v_held OR v_pause > 0.008;
         PERFORM pg_catalog.pg_sleep(v_pause);
-        v_pause := v_pause OPERATOR(pg_catalog.*) 2;
+        v_pause := v_pause * 2;
         v_now := pg_catalog.clock_timestamp();
     END LOOP;
 END
@@ -2644,7 +2682,7 @@ BEGIN
     IF ids IS NULL OR tokens IS NULL THEN
         RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+    IF pg_catalog.cardinality(ids) <> pg_catalog.cardinality(tokens) THEN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -2698,13 +2736,13 @@ BEGIN
         RAISE EXCEPTION 'retry_in must be finite, got %', retry_in USING ERRCODE = 'invalid_parameter_value',
             HINT = 'To stop retrying a job, cancel_job it.';
     END IF;
-    IF retry_in IS NOT NULL AND retry_in OPERATOR(pg_catalog.<) interval '0' THEN
+    IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
         RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE pglockkit.jobs j
        SET status = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
            run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
-                         ELSE v_now OPERATOR(pg_catalog.+) coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
+                         ELSE v_now + coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
            finished_at = CASE WHEN j.attempt >= j.max_attempts THEN v_now END,
            last_error = fail_job.error, lease_expires_at = NULL
      WHERE j.id = fail_job.id AND j.token = fail_job.token
@@ -2732,7 +2770,7 @@ AS $$
 BEGIN
     PERFORM pglockkit._check_lease(extend_job.lease);
     UPDATE pglockkit.jobs j
-       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_job.lease
+       SET lease_expires_at = pg_catalog.clock_timestamp() + extend_job.lease
      WHERE j.id = extend_job.id AND j.token = extend_job.token
        AND j.status = 'running';
     RETURN FOUND OR pglockkit._job_not_found(extend_job.id);
@@ -2751,7 +2789,7 @@ DECLARE
     v_key   text;
 BEGIN
     UPDATE pglockkit.jobs j
-       SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
+       SET status = 'queued', attempt = j.attempt - 1, lease_expires_at = NULL,
            run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
      WHERE j.id = release_job.id AND j.token = release_job.token
        AND j.status = 'running'
@@ -2812,7 +2850,7 @@ AS $$
     WITH requeued AS (
         UPDATE pglockkit.jobs j
            SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-         WHERE j.id OPERATOR(pg_catalog.=) ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
+         WHERE j.id = ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
            AND (j.dedup_key IS NULL
                 OR NOT EXISTS (SELECT FROM pglockkit.jobs p
                                 WHERE p.queue = j.queue AND p.dedup_key = j.dedup_key AND p.status IN ('queued', 'running')))
@@ -2846,11 +2884,11 @@ BEGIN
     SELECT pg_catalog.array_agg(c.id) INTO v_ids
       FROM (SELECT j.id FROM pglockkit.jobs j
              WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NULL
-               AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+               AND (retry_dead_jobs.ids IS NULL OR j.id = ANY (retry_dead_jobs.ids))
             UNION ALL
             SELECT d.id FROM (SELECT DISTINCT ON (j.dedup_key) j.id FROM pglockkit.jobs j
                                WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NOT NULL
-                                 AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+                                 AND (retry_dead_jobs.ids IS NULL OR j.id = ANY (retry_dead_jobs.ids))
                                ORDER BY j.dedup_key, j.id DESC) d) c;
     IF v_ids IS NULL THEN
         RETURN 0;
@@ -2866,9 +2904,9 @@ BEGIN
             BEGIN
                 SELECT r.n, r.keys, r.limits INTO v_one, v_k, v_l
                   FROM pglockkit._requeue_dead(retry_dead_jobs.queue, ARRAY[v_id]) r;
-                v_n := v_n OPERATOR(pg_catalog.+) v_one;
-                v_keys := v_keys OPERATOR(pg_catalog.||) v_k;
-                v_limits := v_limits OPERATOR(pg_catalog.||) v_l;
+                v_n := v_n + v_one;
+                v_keys := v_keys || v_k;
+                v_limits := v_limits || v_l;
             EXCEPTION WHEN unique_violation THEN
                 NULL;
             END;
@@ -2939,12 +2977,12 @@ BEGIN
     IF older_than IS NULL OR include_dead IS NULL THEN
         RAISE EXCEPTION 'older_than and include_dead must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     DELETE FROM pglockkit.jobs j
      WHERE j.status IN ('done', 'cancelled', CASE WHEN include_dead THEN 'dead' END)
-       AND j.finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than)
+       AND j.finished_at < (pg_catalog.clock_timestamp() - older_than)
        AND (prune_jobs.queue IS NULL OR j.queue = prune_jobs.queue);
     GET DIAGNOSTICS v_n = ROW_COUNT;
 
@@ -2977,45 +3015,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_jobs(interval, text, boolean) IS
     'Deletes done and cancelled jobs (and dead ones with include_dead) that finished more than older_than ago, in one queue or all; returns how many. Also deletes the job_keys rows of concurrency keys with no queued or running job (whatever older_than), which gives a queue whose keys are all idle the claim path of a queue without keys again. Never waits for a claim. Run it from cron, e.g. prune_jobs(''7 days'').';
-
-CREATE VIEW pglockkit.queue_stats AS
-SELECT coalesce(s.queue, p.queue) AS queue,
-       coalesce(s.ready, 0) AS ready, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.running, 0) AS running,
-       coalesce(s.expired_leases, 0) AS expired_leases, coalesce(s.done, 0) AS done, coalesce(s.dead, 0) AS dead,
-       coalesce(s.cancelled, 0) AS cancelled, s.oldest_ready_age, coalesce(s.done_last_minute, 0) AS done_last_minute,
-       p.queue IS NOT NULL AS paused
-  FROM (SELECT j.queue,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                   -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
-                   pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
-               pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
-                                            AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
-          FROM pglockkit.jobs j
-         GROUP BY j.queue) s
-  FULL JOIN pglockkit.paused_queues p ON p.queue OPERATOR(pg_catalog.=) s.queue;
-COMMENT ON VIEW pglockkit.queue_stats IS
-    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity), jobs done in the last minute, and whether the queue is paused (pause_queue; a paused queue without jobs has a row of zeros). Scans the table: for dashboards, not hot paths.';
-
-CREATE VIEW pglockkit.rate_limits AS
-SELECT q.queue, q.key, q.rate, q.per, q.burst,
-       GREATEST(q.tat OPERATOR(pg_catalog.-) (q.step OPERATOR(pg_catalog.*) (q.burst OPERATOR(pg_catalog.-) 1)), n.t) AS next_allowed_at,
-       GREATEST(pg_catalog.floor(EXTRACT(epoch FROM (n.t OPERATOR(pg_catalog.+) (q.step OPERATOR(pg_catalog.*) q.burst))
-                                                    OPERATOR(pg_catalog.-) GREATEST(q.tat, n.t))
-                                 OPERATOR(pg_catalog./) EXTRACT(epoch FROM q.step)), 0)::integer AS tokens,
-       (SELECT pg_catalog.count(*) FROM pglockkit.jobs j
-         WHERE j.queue OPERATOR(pg_catalog.=) q.queue AND j.rate_key OPERATOR(pg_catalog.=) q.key
-           AND j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) n.t) AS waiting
-  FROM pglockkit.job_rates q
- CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS t) n;
-COMMENT ON VIEW pglockkit.rate_limits IS
-    'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
 
 -- A worker whose claim came back empty while the queue's due jobs wait only for a rate token
 -- sleeps until that token, not its whole poll interval (nothing NOTIFYs when a token comes): a key
@@ -3159,8 +3158,6 @@ $$;
 COMMENT ON FUNCTION pglockkit.resume_queue(text) IS
     'Resumes a paused queue (NOTIFY pglockkit_jobs wakes its workers): true if it was paused, false if not. pglockkit_admin only. 22004 for a NULL queue, 22023 for an empty one.';
 
-CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
-
 CREATE FUNCTION pglockkit.extend_jobs(ids bigint[], tokens bigint[], lease interval) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3173,7 +3170,7 @@ BEGIN
     IF ids IS NULL OR tokens IS NULL THEN
         RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+    IF pg_catalog.cardinality(ids) <> pg_catalog.cardinality(tokens) THEN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -3187,7 +3184,7 @@ BEGIN
            FOR NO KEY UPDATE OF j SKIP LOCKED
     )
     UPDATE pglockkit.jobs j
-       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_jobs.lease
+       SET lease_expires_at = pg_catalog.clock_timestamp() + extend_jobs.lease
       FROM mine
      WHERE j.id = mine.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -3196,10 +3193,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.extend_jobs(bigint[], bigint[], interval) IS
     'Heartbeat for many jobs in one statement: each job whose (id, token) is its current claim and that is running now has its lease end lease from now. Returns how many were extended. Stale or unknown pairs are skipped, and so is a job row locked by another transaction (it is being completed, failed or claimed right now): never waits.';
-
--- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
-CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
-    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
 
 CREATE FUNCTION pglockkit._pin_job_key(queue text, key text, lim integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -3246,23 +3239,6 @@ CREATE TRIGGER jobs_pin_key BEFORE INSERT ON pglockkit.jobs
     FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
     EXECUTE FUNCTION pglockkit._pin_job_key_on_insert();
 
-CREATE TABLE pglockkit.config (
-    singleton         boolean PRIMARY KEY DEFAULT true CONSTRAINT config_one_row CHECK (singleton),
-    max_payload_bytes integer NOT NULL DEFAULT 1048576
-                      CONSTRAINT config_max_payload_bytes_range CHECK (max_payload_bytes BETWEEN 4096 AND 268435455)
-);
-COMMENT ON TABLE pglockkit.config IS
-    'pglockkit''s settings: one row. Change them with the set_* functions (pglockkit_admin); read them in pglockkit.settings.';
-
-INSERT INTO pglockkit.config DEFAULT VALUES;
-
-CREATE VIEW pglockkit.settings AS
-SELECT 'max_payload_bytes'::text AS name, c.max_payload_bytes::bigint AS value,
-       'The largest job payload enqueue_job and enqueue_jobs accept, in bytes of the uncompressed jsonb value (pg_column_size); 54000 above it. Set with set_max_payload_bytes.'::text AS description
-  FROM pglockkit.config c;
-COMMENT ON VIEW pglockkit.settings IS
-    'pglockkit''s settings, one row each: name, value, what it does. Readable by every pglockkit_user; pglockkit_admin changes them with the set_* functions.';
-
 CREATE FUNCTION pglockkit.set_max_payload_bytes(bytes integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3300,13 +3276,13 @@ BEGIN
     SELECT c.max_payload_bytes INTO v_limit FROM pglockkit.config c;
     SELECT p.n, s.size INTO v_n, v_size
       FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n),
-           LATERAL (SELECT pg_catalog.pg_column_size(p.payload OPERATOR(pg_catalog.#>) '{}'::text[]) AS size) s
+           LATERAL (SELECT pg_catalog.pg_column_size(p.payload #> '{}'::text[]) AS size) s
      WHERE s.size > v_limit
      ORDER BY p.n
      LIMIT 1;
     IF v_n IS NOT NULL THEN
         RAISE EXCEPTION 'job payload%is % bytes, over the limit max_payload_bytes %',
-            CASE WHEN pg_catalog.cardinality(payloads) OPERATOR(pg_catalog.>) 1
+            CASE WHEN pg_catalog.cardinality(payloads) > 1
                  THEN pg_catalog.format(' %s of %s ', v_n, pg_catalog.cardinality(payloads)) ELSE ' ' END,
             v_size, v_limit
             USING ERRCODE = 'program_limit_exceeded',
@@ -3317,6 +3293,52 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit._check_payloads(jsonb[]) IS
     'Private: 54000 naming the first payload over max_payload_bytes (uncompressed jsonb size), with its size and the limit.';
+
+CREATE VIEW pglockkit.queue_stats AS
+SELECT coalesce(s.queue, p.queue) AS queue,
+       coalesce(s.ready, 0) AS ready, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.running, 0) AS running,
+       coalesce(s.expired_leases, 0) AS expired_leases, coalesce(s.done, 0) AS done, coalesce(s.dead, 0) AS dead,
+       coalesce(s.cancelled, 0) AS cancelled, s.oldest_ready_age, coalesce(s.done_last_minute, 0) AS done_last_minute,
+       p.queue IS NOT NULL AS paused
+  FROM (SELECT j.queue,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                   -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
+                   pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
+               pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
+                                            AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
+          FROM pglockkit.jobs j
+         GROUP BY j.queue) s
+  FULL JOIN pglockkit.paused_queues p ON p.queue OPERATOR(pg_catalog.=) s.queue;
+COMMENT ON VIEW pglockkit.queue_stats IS
+    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity), jobs done in the last minute, and whether the queue is paused (pause_queue; a paused queue without jobs has a row of zeros). Scans the table: for dashboards, not hot paths.';
+
+CREATE VIEW pglockkit.rate_limits AS
+SELECT q.queue, q.key, q.rate, q.per, q.burst,
+       GREATEST(q.tat OPERATOR(pg_catalog.-) (q.step OPERATOR(pg_catalog.*) (q.burst OPERATOR(pg_catalog.-) 1)), n.t) AS next_allowed_at,
+       GREATEST(pg_catalog.floor(EXTRACT(epoch FROM (n.t OPERATOR(pg_catalog.+) (q.step OPERATOR(pg_catalog.*) q.burst))
+                                                    OPERATOR(pg_catalog.-) GREATEST(q.tat, n.t))
+                                 OPERATOR(pg_catalog./) EXTRACT(epoch FROM q.step)), 0)::integer AS tokens,
+       (SELECT pg_catalog.count(*) FROM pglockkit.jobs j
+         WHERE j.queue OPERATOR(pg_catalog.=) q.queue AND j.rate_key OPERATOR(pg_catalog.=) q.key
+           AND j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) n.t) AS waiting
+  FROM pglockkit.job_rates q
+ CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS t) n;
+COMMENT ON VIEW pglockkit.rate_limits IS
+    'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
+
+CREATE VIEW pglockkit.settings AS
+SELECT 'max_payload_bytes'::text AS name, c.max_payload_bytes::bigint AS value,
+       'The largest job payload enqueue_job and enqueue_jobs accept, in bytes of the uncompressed jsonb value (pg_column_size); 54000 above it. Set with set_max_payload_bytes.'::text AS description
+  FROM pglockkit.config c;
+COMMENT ON VIEW pglockkit.settings IS
+    'pglockkit''s settings, one row each: name, value, what it does. Readable by every pglockkit_user; pglockkit_admin changes them with the set_* functions.';
 
 -- ==== sql/schema/06_schedules.sql ====
 
@@ -3509,7 +3531,7 @@ AS $$
 DECLARE
     v_day    date := ts::date;
     -- The first minute of the day to consider: ts rounded up to a whole minute.
-    v_min    integer := pg_catalog.ceil(pg_catalog.date_part('epoch', ts OPERATOR(pg_catalog.-) ts::date) / 60.0)::integer;
+    v_min    integer := pg_catalog.ceil(pg_catalog.date_part('epoch', ts - ts::date) / 60.0)::integer;
     v_dom    integer;
     v_next   integer;
     v_hour   integer;
@@ -3520,7 +3542,7 @@ BEGIN
     -- spec matches within 8 years (29 February), so the bound is never reached.
     FOR i IN 1..100000 LOOP
         IF NOT pg_catalog.date_part('month', v_day)::integer = ANY (spec.months) THEN
-            v_day := (pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month')::date;
+            v_day := (pg_catalog.date_trunc('month', v_day) + interval '1 month')::date;
             v_min := 0;
             CONTINUE;
         END IF;
@@ -3533,8 +3555,8 @@ BEGIN
                 -- Only the day of the month counts: jump to the next listed day, or the next month.
                 SELECT pg_catalog.min(d) INTO v_next FROM pg_catalog.unnest(spec.days) d WHERE d > v_dom;
                 IF v_next IS NULL OR v_next > pg_catalog.date_part('day',
-                        pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month - 1 day')::integer THEN
-                    v_day := (pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month')::date;
+                        pg_catalog.date_trunc('month', v_day) + interval '1 month - 1 day')::integer THEN
+                    v_day := (pg_catalog.date_trunc('month', v_day) + interval '1 month')::date;
                 ELSE
                     v_day := v_day + (v_next - v_dom);
                 END IF;
@@ -3549,12 +3571,12 @@ BEGIN
         IF v_hour = ANY (spec.hours) THEN
             SELECT pg_catalog.min(m) INTO v_minute FROM pg_catalog.unnest(spec.minutes) m WHERE m >= v_min % 60;
             IF v_minute IS NOT NULL THEN
-                RETURN v_day OPERATOR(pg_catalog.+) pg_catalog.make_time(v_hour, v_minute, 0);
+                RETURN v_day + pg_catalog.make_time(v_hour, v_minute, 0);
             END IF;
         END IF;
         SELECT pg_catalog.min(h) INTO v_hour FROM pg_catalog.unnest(spec.hours) h WHERE h > v_min / 60;
         IF v_hour IS NOT NULL THEN
-            RETURN v_day OPERATOR(pg_catalog.+) pg_catalog.make_time(v_hour, spec.minutes[1], 0);
+            RETURN v_day + pg_catalog.make_time(v_hour, spec.minutes[1], 0);
         END IF;
         v_day := v_day + 1;
         v_min := 0;
@@ -3925,6 +3947,75 @@ COMMENT ON VIEW pglockkit.schedules IS
 -- The current definition of each object, once. A change edits this file and adds a delta
 -- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
+-- (Before the tables: an index of lock_sightings uses it.)
+-- One bigint per advisory lock of advisory_locks (its key, or its int4 pair's two halves; which of
+-- the two is key IS NULL): an equality the planner can hash, where IS NOT DISTINCT FROM on three
+-- columns made sample() compare every sighting with every lock held (300 ms at 1,000 locks) (0017).
+CREATE FUNCTION pglockkit._lock_ident(key bigint, key1 integer, key2 integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT coalesce(key, (key1::int8 << 32) | (key2::int8 & 4294967295));
+END;
+COMMENT ON FUNCTION pglockkit._lock_ident(bigint, integer, integer) IS
+    'Private: one bigint for an advisory lock of advisory_locks: its key, or its int4 pair (key1, key2) packed (tell the two apart by key IS NULL). Inlined.';
+
+CREATE TABLE pglockkit.lock_samples (
+    sampled_at     timestamptz NOT NULL,
+    namespace      text        NOT NULL,
+    key            bigint,
+    key1           integer,
+    key2           integer,
+    holders        integer     NOT NULL,
+    waiters        integer     NOT NULL,
+    longest_wait   interval,
+    holder_queries text[],
+    holder_roles   oid[]
+);
+COMMENT ON TABLE pglockkit.lock_samples IS
+    'One row per advisory lock key per sample() call: holders, waiters, the longest wait, the holders'' queries and, aligned with them, the roles of the sessions that ran them. Readers get it through lock_history and contention_report(), which show a query only to whom pg_stat_activity would.';
+COMMENT ON COLUMN pglockkit.lock_samples.holder_roles IS
+    'The role (pg_stat_activity.usesysid) of the session that ran holder_queries[i]; NULL for a query whose session''s role was not recorded.';
+
+CREATE INDEX lock_samples_time ON pglockkit.lock_samples (sampled_at);
+
+CREATE TABLE pglockkit.queue_samples (
+    sampled_at       timestamptz NOT NULL,
+    queue            text        NOT NULL,
+    ready            bigint      NOT NULL,
+    running          bigint      NOT NULL,
+    oldest_ready_age interval
+);
+COMMENT ON TABLE pglockkit.queue_samples IS 'Queue depth and lag per sample() call.';
+
+CREATE INDEX queue_samples_time ON pglockkit.queue_samples (sampled_at);
+
+-- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
+-- each of its transactions (a session lock leaked on a busy pooled server session never looks
+-- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
+-- held; a lock no longer held at a sample is forgotten (0017).
+CREATE TABLE pglockkit.lock_sightings (
+    pid           integer     NOT NULL,
+    backend_start timestamptz NOT NULL,
+    namespace     text        NOT NULL,
+    key           bigint,
+    key1          integer,
+    key2          integer,
+    first_seen    timestamptz NOT NULL,
+    last_seen     timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.lock_sightings IS
+    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
+-- lock_holds looks each held lock up by its session and key.
+CREATE INDEX lock_sightings_lock ON pglockkit.lock_sightings (pid, pglockkit._lock_ident(key, key1, key2));
+
+-- When sample() last ran: hold times and the history are only as fresh as that, and a sampler
+-- that stopped (a removed pod, a disabled pg_cron job) left no other trace (0017).
+CREATE TABLE pglockkit.sampler (
+    one             boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    last_sampled_at timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.sampler IS
+    'One row once sample() has run: when it last ran. Read it through sampling.';
 CREATE FUNCTION pglockkit._advisory_label(objsubid smallint, classid oid, objid oid) RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -3934,9 +4025,9 @@ AS $$
         WHEN k.key = 72707369 THEN 'flyway'   -- Flyway's migration lock
         WHEN k.key <= 0 THEN 'unregistered'
         ELSE coalesce((SELECT n.name FROM pglockkit.namespaces n
-                        WHERE n.id OPERATOR(pg_catalog.=) (k.key OPERATOR(pg_catalog.>>) 48)::int4), 'unregistered')
+                        WHERE n.id = (k.key >> 48)::int4), 'unregistered')
     END
-    FROM (SELECT (classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) objid::int8 AS key) k
+    FROM (SELECT (classid::int8 << 32) | objid::int8 AS key) k
 $$;
 COMMENT ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) IS
     'Private: the namespace name of an advisory lock in pg_locks: the registered name, ''flyway'' for Flyway''s key, ''int4 pair'' for two-int keys, else ''unregistered''.';
@@ -3949,13 +4040,103 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p.gid
       FROM pg_catalog.pg_locks x
-      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
-     WHERE x.pid IS NULL AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
-       AND x.virtualtransaction OPERATOR(pg_catalog.=) _prepared_gid.virtualtransaction
+      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = x.transactionid
+     WHERE x.pid IS NULL AND x.locktype = 'transactionid'
+       AND x.virtualtransaction = _prepared_gid.virtualtransaction
      LIMIT 1
 $$;
 COMMENT ON FUNCTION pglockkit._prepared_gid(text) IS
     'Private: the gid of the prepared transaction whose locks pg_locks lists under this virtualtransaction (NULL if none).';
+
+CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now  timestamptz := pg_catalog.clock_timestamp();
+    v_rows integer;
+BEGIN
+    IF retention IS NULL THEN
+        RAISE EXCEPTION 'retention must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF retention < interval '0' THEN
+        RAISE EXCEPTION 'retention must not be negative, got %', retention USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One row per (key, query, role) pair is kept as "first" so that the two aggregates below
+    -- list each pair once, in the same order: holder_queries[i] was run by holder_roles[i].
+    -- pg_stat_activity is one snapshot per transaction: the view and the join agree on each pid.
+    INSERT INTO pglockkit.lock_samples (sampled_at, namespace, key, key1, key2, holders, waiters, longest_wait,
+                                        holder_queries, holder_roles)
+    SELECT v_now, h.namespace, h.key, h.key1, h.key2,
+           pg_catalog.count(*) FILTER (WHERE h.granted), pg_catalog.count(*) FILTER (WHERE NOT h.granted),
+           pg_catalog.max(h.wait_time),
+           pg_catalog.array_agg(h.query ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first),
+           pg_catalog.array_agg(h.role ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first)
+      FROM (SELECT al.namespace, al.key, al.key1, al.key2, al.granted, al.wait_time, x.query, a.usesysid AS role,
+                   pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
+                       = 1 AS first
+              FROM pglockkit.advisory_locks al
+              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+              CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
+     GROUP BY h.namespace, h.key, h.key1, h.key2;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- Hold times (0017). Samplers take turns, so that two never add the same sighting. A sighting
+    -- is its session's (pid, backend_start) and the key: the namespace is a label, read from the
+    -- registry, which may change while the lock is held.
+    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
+    INSERT INTO pglockkit.sampler AS s (one, last_sampled_at) VALUES (true, v_now)
+    ON CONFLICT (one) DO UPDATE SET last_sampled_at = excluded.last_sampled_at;
+    -- Rewritten whole at each sample: the locks held now, each with the first_seen of its sighting
+    -- if it had one. A FULL JOIN can only hash or merge, where the planner, estimating one row for
+    -- the locks (a function's), compared every sighting with every lock (300 ms at 1,000 locks).
+    WITH held AS (
+        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
+               al.namespace, al.key, al.key1, al.key2,
+               pglockkit._lock_ident(al.key, al.key1, al.key2) AS ident, al.key IS NULL AS pair
+          FROM pglockkit.advisory_locks al
+          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+         WHERE al.granted AND al.pid IS NOT NULL
+           AND al.pid <> pg_catalog.pg_backend_pid()  -- not the turn taken above
+    ), seen AS (
+        SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, s.first_seen
+          FROM held h
+          FULL JOIN pglockkit.lock_sightings s
+            ON h.pid = s.pid AND h.backend_start = s.backend_start
+           AND h.ident = pglockkit._lock_ident(s.key, s.key1, s.key2) AND h.pair = (s.key IS NULL)
+    ), cleared AS (
+        DELETE FROM pglockkit.lock_sightings
+    )
+    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
+    SELECT n.pid, n.backend_start, n.namespace, n.key, n.key1, n.key2, coalesce(n.first_seen, v_now), v_now
+      FROM seen n
+     WHERE n.pid IS NOT NULL;  -- a sighting whose lock is no longer held is forgotten
+    INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
+    SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
+    DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at < (v_now - retention);
+    DELETE FROM pglockkit.queue_samples s WHERE s.sampled_at < (v_now - retention);
+    RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.sample(interval) IS
+    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
+
+-- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
+CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF since < interval '0' THEN
+        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
+    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
 
 CREATE VIEW pglockkit.advisory_locks AS
 SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
@@ -4097,75 +4278,6 @@ SELECT 'prepared transaction', p.gid, NULL, p.owner::text, NULL,
 COMMENT ON VIEW pglockkit.xmin_horizon IS
     'What holds back the xmin horizon, oldest first when ordered by xmin_age DESC: sessions with an open snapshot (idle in transaction above all), replication slots and prepared transactions. While one is old, vacuum cannot remove the queue''s dead rows and claims slow down.';
 
-CREATE TABLE pglockkit.lock_samples (
-    sampled_at     timestamptz NOT NULL,
-    namespace      text        NOT NULL,
-    key            bigint,
-    key1           integer,
-    key2           integer,
-    holders        integer     NOT NULL,
-    waiters        integer     NOT NULL,
-    longest_wait   interval,
-    holder_queries text[],
-    holder_roles   oid[]
-);
-COMMENT ON TABLE pglockkit.lock_samples IS
-    'One row per advisory lock key per sample() call: holders, waiters, the longest wait, the holders'' queries and, aligned with them, the roles of the sessions that ran them. Readers get it through lock_history and contention_report(), which show a query only to whom pg_stat_activity would.';
-COMMENT ON COLUMN pglockkit.lock_samples.holder_roles IS
-    'The role (pg_stat_activity.usesysid) of the session that ran holder_queries[i]; NULL for a query whose session''s role was not recorded.';
-
-CREATE INDEX lock_samples_time ON pglockkit.lock_samples (sampled_at);
-
-CREATE TABLE pglockkit.queue_samples (
-    sampled_at       timestamptz NOT NULL,
-    queue            text        NOT NULL,
-    ready            bigint      NOT NULL,
-    running          bigint      NOT NULL,
-    oldest_ready_age interval
-);
-COMMENT ON TABLE pglockkit.queue_samples IS 'Queue depth and lag per sample() call.';
-
-CREATE INDEX queue_samples_time ON pglockkit.queue_samples (sampled_at);
-
--- One bigint per advisory lock of advisory_locks (its key, or its int4 pair's two halves; which of
--- the two is key IS NULL): an equality the planner can hash, where IS NOT DISTINCT FROM on three
--- columns made sample() compare every sighting with every lock held (300 ms at 1,000 locks) (0017).
-CREATE FUNCTION pglockkit._lock_ident(key bigint, key1 integer, key2 integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-BEGIN ATOMIC
-    SELECT coalesce(key, (key1::int8 << 32) | (key2::int8 & 4294967295));
-END;
-COMMENT ON FUNCTION pglockkit._lock_ident(bigint, integer, integer) IS
-    'Private: one bigint for an advisory lock of advisory_locks: its key, or its int4 pair (key1, key2) packed (tell the two apart by key IS NULL). Inlined.';
-
--- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
--- each of its transactions (a session lock leaked on a busy pooled server session never looks
--- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
--- held; a lock no longer held at a sample is forgotten (0017).
-CREATE TABLE pglockkit.lock_sightings (
-    pid           integer     NOT NULL,
-    backend_start timestamptz NOT NULL,
-    namespace     text        NOT NULL,
-    key           bigint,
-    key1          integer,
-    key2          integer,
-    first_seen    timestamptz NOT NULL,
-    last_seen     timestamptz NOT NULL
-);
-COMMENT ON TABLE pglockkit.lock_sightings IS
-    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
--- lock_holds looks each held lock up by its session and key.
-CREATE INDEX lock_sightings_lock ON pglockkit.lock_sightings (pid, pglockkit._lock_ident(key, key1, key2));
-
--- When sample() last ran: hold times and the history are only as fresh as that, and a sampler
--- that stopped (a removed pod, a disabled pg_cron job) left no other trace (0017).
-CREATE TABLE pglockkit.sampler (
-    one             boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    last_sampled_at timestamptz NOT NULL
-);
-COMMENT ON TABLE pglockkit.sampler IS
-    'One row once sample() has run: when it last ran. Read it through sampling.';
-
 -- Readers (pg_monitor, pglockkit_user) get the samples through views, like every other view.
 CREATE VIEW pglockkit.lock_history AS
 SELECT s.sampled_at, s.namespace, s.key, s.key1, s.key2, s.holders, s.waiters, s.longest_wait,
@@ -4207,96 +4319,6 @@ SELECT al.namespace, s.key, s.key1, s.key2, s.pid, al.application_name, al."user
 COMMENT ON VIEW pglockkit.lock_holds IS
     'How long each advisory lock held now had been held by its session at the last sample(): held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). A lock let go since, or a session gone, is not listed, even when sample() has stopped running. Empty unless sample() runs. dedicated: as in idle_lock_holders.';
 
-CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now  timestamptz := pg_catalog.clock_timestamp();
-    v_rows integer;
-BEGIN
-    IF retention IS NULL THEN
-        RAISE EXCEPTION 'retention must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF retention OPERATOR(pg_catalog.<) interval '0' THEN
-        RAISE EXCEPTION 'retention must not be negative, got %', retention USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- One row per (key, query, role) pair is kept as "first" so that the two aggregates below
-    -- list each pair once, in the same order: holder_queries[i] was run by holder_roles[i].
-    -- pg_stat_activity is one snapshot per transaction: the view and the join agree on each pid.
-    INSERT INTO pglockkit.lock_samples (sampled_at, namespace, key, key1, key2, holders, waiters, longest_wait,
-                                        holder_queries, holder_roles)
-    SELECT v_now, h.namespace, h.key, h.key1, h.key2,
-           pg_catalog.count(*) FILTER (WHERE h.granted), pg_catalog.count(*) FILTER (WHERE NOT h.granted),
-           pg_catalog.max(h.wait_time),
-           pg_catalog.array_agg(h.query ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first),
-           pg_catalog.array_agg(h.role ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first)
-      FROM (SELECT al.namespace, al.key, al.key1, al.key2, al.granted, al.wait_time, x.query, a.usesysid AS role,
-                   pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
-                       OPERATOR(pg_catalog.=) 1 AS first
-              FROM pglockkit.advisory_locks al
-              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
-              CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
-     GROUP BY h.namespace, h.key, h.key1, h.key2;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    -- Hold times (0017). Samplers take turns, so that two never add the same sighting. A sighting
-    -- is its session's (pid, backend_start) and the key: the namespace is a label, read from the
-    -- registry, which may change while the lock is held.
-    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
-    INSERT INTO pglockkit.sampler AS s (one, last_sampled_at) VALUES (true, v_now)
-    ON CONFLICT (one) DO UPDATE SET last_sampled_at = excluded.last_sampled_at;
-    -- Rewritten whole at each sample: the locks held now, each with the first_seen of its sighting
-    -- if it had one. A FULL JOIN can only hash or merge, where the planner, estimating one row for
-    -- the locks (a function's), compared every sighting with every lock (300 ms at 1,000 locks).
-    WITH held AS (
-        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
-               al.namespace, al.key, al.key1, al.key2,
-               pglockkit._lock_ident(al.key, al.key1, al.key2) AS ident, al.key IS NULL AS pair
-          FROM pglockkit.advisory_locks al
-          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
-         WHERE al.granted AND al.pid IS NOT NULL
-           AND al.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()  -- not the turn taken above
-    ), seen AS (
-        SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, s.first_seen
-          FROM held h
-          FULL JOIN pglockkit.lock_sightings s
-            ON h.pid = s.pid AND h.backend_start = s.backend_start
-           AND h.ident = pglockkit._lock_ident(s.key, s.key1, s.key2) AND h.pair = (s.key IS NULL)
-    ), cleared AS (
-        DELETE FROM pglockkit.lock_sightings
-    )
-    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
-    SELECT n.pid, n.backend_start, n.namespace, n.key, n.key1, n.key2, coalesce(n.first_seen, v_now), v_now
-      FROM seen n
-     WHERE n.pid IS NOT NULL;  -- a sighting whose lock is no longer held is forgotten
-    INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
-    SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
-    DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
-    DELETE FROM pglockkit.queue_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
-    RETURN v_rows;
-END
-$$;
-COMMENT ON FUNCTION pglockkit.sample(interval) IS
-    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
-
--- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
-CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF since IS NULL THEN
-        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF since < interval '0' THEN
-        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
-    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
-
 CREATE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
 RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,
                samples_with_waiters bigint, max_waiters integer, avg_waiters numeric, longest_wait interval,
@@ -4306,16 +4328,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH window_ AS (
         SELECT s.* FROM pglockkit.lock_history s
-         WHERE s.sampled_at OPERATOR(pg_catalog.>=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) contention_report.since)
+         WHERE s.sampled_at >= (pg_catalog.clock_timestamp() - contention_report.since)
            AND pglockkit._invalid_since(contention_report.since) IS NULL
     ), per_ns AS (
         -- Per namespace and sample: sessions involved (holding or waiting) vs sessions holding.
         SELECT w.namespace, w.sampled_at,
-               pg_catalog.sum(w.holders OPERATOR(pg_catalog.+) w.waiters) AS sessions, pg_catalog.sum(w.holders) AS holding
+               pg_catalog.sum(w.holders + w.waiters) AS sessions, pg_catalog.sum(w.holders) AS holding
           FROM window_ w GROUP BY w.namespace, w.sampled_at
     ), ns AS (
         SELECT p.namespace, pg_catalog.round(pg_catalog.avg(p.sessions), 2) AS sessions,
-               pg_catalog.round(pg_catalog.avg(p.holding::numeric OPERATOR(pg_catalog./) p.sessions), 3) AS parallelism
+               pg_catalog.round(pg_catalog.avg(p.holding::numeric / p.sessions), 3) AS parallelism
           FROM per_ns p GROUP BY p.namespace
     )
     SELECT w.namespace, w.key, w.key1, w.key2, pg_catalog.count(*),
@@ -4444,7 +4466,7 @@ $$;
 CREATE FUNCTION pglockkit._admin_only(proname name) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,list_jobs,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
+AS $$ SELECT proname = ANY ('{register_namespace,list_jobs,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
 COMMENT ON FUNCTION pglockkit._admin_only(name) IS
     'Private: true for the functions only pglockkit_admin may execute (they change what every worker works with or may store, or delete history).';
 
@@ -4464,6 +4486,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_inlined_named_locks'), ('0003_schedules'), ('0004_rate_limits_and_pause'), ('0005_lease_fast_path'), ('0006_xact_lock_all_fast_path'), ('0007_lease_update_first'), ('0008_lease_unbound_fast_path'), ('0009_finish_run_tags_unknown_run'), ('0010_claims_name_their_key'), ('0011_schedule_and_rate_limit_fixes'), ('0012_lease_binding_and_run_fencing'), ('0013_job_lease_positive_in_effect'), ('0014_queue_and_monitoring_fixes'), ('0015_runs_release_at_commit'), ('0016_schedules_and_rate_waits'), ('0017_monitoring_names_what_it_sees'), ('0018_take_guard_and_quiet_reregistration'), ('0019_leases_taken_by_row_lock'), ('0020_complete_jobs_in_id_order'), ('0021_job_rows_locked_before_key_rows');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline');
 
 COMMIT;

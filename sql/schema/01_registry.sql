@@ -11,6 +11,15 @@ CREATE SCHEMA pglockkit;
 COMMENT ON SCHEMA pglockkit IS
     'pglockkit: coordination primitives (namespaced advisory locks, job queue, leases, singleton runs, monitoring). Call the functions; the tables are private.';
 
+-- The longest lock wait, named once: the lock helpers, their inlined fast paths and the
+-- namespaces' CHECK use it (so it comes before the table). IMMUTABLE SQL without a SET clause:
+-- the planner folds it into a constant, in an inlined caller too.
+CREATE FUNCTION pglockkit._longest_lock_wait() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '24 days';
+COMMENT ON FUNCTION pglockkit._longest_lock_wait() IS
+    'Private: the longest lock timeout pglockkit accepts, 24 days (PostgreSQL times a wait in milliseconds in a 32-bit integer).';
+
 -- ---------------------------------------------------------------------------------------------
 -- Namespace registry
 -- ---------------------------------------------------------------------------------------------
@@ -22,7 +31,7 @@ CREATE TABLE pglockkit.namespaces (
     lock_timeout interval    CHECK (lock_timeout > interval '0'),
     created_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     updated_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    CONSTRAINT namespaces_lock_timeout_max CHECK (lock_timeout OPERATOR(pg_catalog.<=) interval '24 days')
+    CONSTRAINT namespaces_lock_timeout_max CHECK (lock_timeout OPERATOR(pg_catalog.<=) pglockkit._longest_lock_wait())
 );
 COMMENT ON TABLE pglockkit.namespaces IS
     'Registry of lock namespaces: the high 16 bits of every pglockkit lock key. Write it through pglockkit.register_namespace().';
@@ -78,10 +87,10 @@ CREATE FUNCTION pglockkit._ns_id_from_name(name text) RETURNS smallint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT ((('x' OPERATOR(pg_catalog.||) pg_catalog.encode(
+    SELECT ((('x' || pg_catalog.encode(
                 pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(name, 'UTF8')), 1, 2),
-                'hex'))::pg_catalog.bit(16)::pg_catalog.int4 OPERATOR(pg_catalog.%) 32767)
-            OPERATOR(pg_catalog.+) 1)::pg_catalog.int2
+                'hex'))::pg_catalog.bit(16)::pg_catalog.int4 % 32767)
+            + 1)::pg_catalog.int2
 $$;
 COMMENT ON FUNCTION pglockkit._ns_id_from_name(text) IS
     'Private: the namespace id derived from a name (first 2 bytes of sha256, big-endian, mod 32767, plus 1), the same in every database.';
@@ -296,14 +305,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- Namespace ids are 1..32767: a key under 2^48 (namespace 0, a plain pg_advisory_lock(42))
     -- or negative is foreign (0017).
-    SELECT CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0 THEN (key OPERATOR(pg_catalog.>>) 48)::int4 END,
+    SELECT CASE WHEN (key >> 48) > 0 THEN (key >> 48)::int4 END,
            (SELECT n.name FROM pglockkit.namespaces n
-             WHERE (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.>) 0
-               AND n.id OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 48)::int4),
-           CASE WHEN (key OPERATOR(pg_catalog.>>) 48) OPERATOR(pg_catalog.<=) 0 THEN 'foreign'
-                WHEN (key OPERATOR(pg_catalog.&) (1::int8 OPERATOR(pg_catalog.<<) 47)) OPERATOR(pg_catalog.<>) 0 THEN 'text'
+             WHERE (key >> 48) > 0
+               AND n.id = (key >> 48)::int4),
+           CASE WHEN (key >> 48) <= 0 THEN 'foreign'
+                WHEN (key & (1::int8 << 47)) <> 0 THEN 'text'
                 WHEN key IS NOT NULL THEN 'integer' END,
-           key OPERATOR(pg_catalog.&) ((1::int8 OPERATOR(pg_catalog.<<) 47) OPERATOR(pg_catalog.-) 1)
+           key & ((1::int8 << 47) - 1)
 $$;
 COMMENT ON FUNCTION pglockkit.decode_key(bigint) IS
     'Splits a lock key into namespace id, registered namespace name (NULL if unregistered), form (''text'' hash, ''integer'' id, or ''foreign'' for keys below 2^48 or negative, in no namespace id 1..32767: pglockkit never makes them, a plain pg_advisory_lock(42) does) and the low 47 bits. All NULL for a NULL key.';
@@ -315,7 +324,7 @@ LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT d.namespace_id, d.namespace, d.form, d.resource_bits
-      FROM pglockkit.decode_key((classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) objid::int8) d
+      FROM pglockkit.decode_key((classid::int8 << 32) | objid::int8) d
 $$;
 COMMENT ON FUNCTION pglockkit.decode_key(oid, oid) IS
     'decode_key for a pg_locks row of a bigint advisory lock (objsubid = 1): SELECT l.pid, d.* FROM pg_locks l, pglockkit.decode_key(l.classid, l.objid) d WHERE l.locktype = ''advisory'' AND l.objsubid = 1.';
@@ -333,7 +342,7 @@ BEGIN
     IF register_namespace.name IS NULL THEN
         RAISE EXCEPTION 'namespace name must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF register_namespace.name OPERATOR(pg_catalog.!~) '^[a-z][a-z0-9_.:-]{0,62}$' THEN
+    IF register_namespace.name !~ '^[a-z][a-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid namespace name "%"', register_namespace.name
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A namespace name is 1 to 63 characters: a lowercase letter, then lowercase letters, digits, or _ . : -';
@@ -342,7 +351,7 @@ BEGIN
         RAISE EXCEPTION 'namespace id % is out of range', register_namespace.id
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'Namespace ids are 1 to 32767.';
     END IF;
-    IF register_namespace.lock_timeout IS NOT NULL AND register_namespace.lock_timeout OPERATOR(pg_catalog.<=) interval '0' THEN
+    IF register_namespace.lock_timeout IS NOT NULL AND register_namespace.lock_timeout <= interval '0' THEN
         RAISE EXCEPTION 'namespace lock_timeout must be positive, got %', register_namespace.lock_timeout
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Pass NULL to use the server''s lock_timeout.';
     END IF;
@@ -386,7 +395,7 @@ BEGIN
     END IF;
 
     SELECT n.name INTO v_name FROM pglockkit.namespaces n
-     WHERE n.id OPERATOR(pg_catalog.=) coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
+     WHERE n.id = coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name));
     RAISE EXCEPTION 'namespace id % is already held by namespace "%"',
             coalesce(register_namespace.id::int2, pglockkit._ns_id_from_name(register_namespace.name)), v_name
         USING ERRCODE = 'unique_violation',

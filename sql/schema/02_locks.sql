@@ -11,15 +11,16 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF timeout IS NOT NULL AND timeout OPERATOR(pg_catalog.<=) interval '0' THEN
+    IF timeout IS NOT NULL AND timeout <= interval '0' THEN
         RAISE EXCEPTION 'lock timeout must be positive, got %', timeout
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'To skip instead of waiting, use try_xact_lock; for the default wait, pass NULL.';
     END IF;
-    IF timeout IS NOT NULL AND timeout OPERATOR(pg_catalog.>) interval '24 days' THEN
+    IF timeout IS NOT NULL AND timeout > pglockkit._longest_lock_wait() THEN
         RAISE EXCEPTION 'lock timeout % is out of range', timeout
             USING ERRCODE = 'numeric_value_out_of_range',
-                  HINT = 'The longest lock wait PostgreSQL can time is 24 days; pass NULL to wait without a limit of pglockkit''s.';
+                  HINT = pg_catalog.format('The longest lock wait PostgreSQL can time is %s; pass NULL to wait without a limit of pglockkit''s.',
+                                           pglockkit._longest_lock_wait());
     END IF;
 END
 $$;
@@ -33,10 +34,10 @@ AS $$
     SELECT coalesce(pg_catalog.string_agg(l.pid::text, ', ' ORDER BY l.pid), 'unknown')
       FROM pg_catalog.pg_locks l
      WHERE l.locktype = 'advisory' AND l.granted
-       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
        AND l.objsubid = 1
-       AND l.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-       AND l.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid
+       AND l.classid = (key >> 32)::oid
+       AND l.objid = (key & 4294967295)::oid
 $$;
 COMMENT ON FUNCTION pglockkit._lock_holders(bigint) IS
     'Private: the pids holding a bigint advisory lock key in this database, for error messages.';
@@ -51,7 +52,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- (OPERATOR() syntax has one precedence for all operators: the product is in parentheses.)
     SELECT pg_catalog.make_interval(secs => pg_catalog.date_part('epoch', timeout)
-                                            OPERATOR(pg_catalog.-) (pg_catalog.date_part('year', timeout) OPERATOR(pg_catalog.*) 453600))
+                                            - (pg_catalog.date_part('year', timeout) * 453600))
 $$;
 COMMENT ON FUNCTION pglockkit._timeout_span(interval) IS
     'Private: a timeout as the span its comparisons see (a month 30 days, a year 360): what a wait of that timeout lasts.';
@@ -63,8 +64,8 @@ AS $$
     -- Whole milliseconds, at least 1: lock_timeout = 0 would mean "wait forever".
     SELECT pg_catalog.set_config('lock_timeout',
         (SELECT CASE WHEN ms < 1 THEN 1 ELSE ms END
-           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', pglockkit._timeout_span(timeout)) OPERATOR(pg_catalog.*) 1000)::int8 AS ms) m
-        )::text OPERATOR(pg_catalog.||) 'ms',
+           FROM (SELECT pg_catalog.ceil(pg_catalog.date_part('epoch', pglockkit._timeout_span(timeout)) * 1000)::int8 AS ms) m
+        )::text || 'ms',
         true)
 $$;
 COMMENT ON FUNCTION pglockkit._set_lock_timeout(interval) IS
@@ -86,9 +87,9 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock(key);
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'could not lock %/% (key %) within %', ns, label, key,
-                coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
+                coalesce(timeout::text, 'lock_timeout ' || v_prev)
             USING ERRCODE = 'lock_not_available',
-                  DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(key) OPERATOR(pg_catalog.||) '.',
+                  DETAIL = 'Held by pid ' || pglockkit._lock_holders(key) || '.',
                   HINT = 'Retry with jittered backoff, or use try_xact_lock to skip instead of waiting; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
     END;
     IF timeout IS NOT NULL THEN
@@ -147,7 +148,7 @@ DECLARE
 BEGIN
     PERFORM pglockkit._check_timeout(timeout);
     v_timeout := coalesce(timeout, (SELECT n.lock_timeout FROM pglockkit.namespaces n WHERE n.name = ns));
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(v_timeout);
+    v_deadline := pg_catalog.clock_timestamp() + pglockkit._timeout_span(v_timeout);
     -- Ascending key order is what makes two callers unable to deadlock on the same set.
     FOR v_key, v_label IN
         SELECT DISTINCT ON (k.key) k.key, k.label
@@ -156,17 +157,17 @@ BEGIN
     LOOP
         IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
             IF v_deadline IS NOT NULL THEN
-                v_left := v_deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp();
-                IF v_left OPERATOR(pg_catalog.<=) interval '0' THEN
+                v_left := v_deadline - pg_catalog.clock_timestamp();
+                IF v_left <= interval '0' THEN
                     RAISE EXCEPTION 'could not lock %/% (key %) within % (the whole call''s budget)', ns, v_label, v_key, v_timeout
                         USING ERRCODE = 'lock_not_available',
-                              DETAIL = 'Held by pid ' OPERATOR(pg_catalog.||) pglockkit._lock_holders(v_key) OPERATOR(pg_catalog.||) '.',
+                              DETAIL = 'Held by pid ' || pglockkit._lock_holders(v_key) || '.',
                               HINT = 'Retry with jittered backoff; pg_locks (locktype advisory, classid >> 16 = namespace id) shows the holders.';
                 END IF;
             END IF;
             PERFORM pglockkit._xact_lock_wait(ns, v_label, v_key, v_left);
         END IF;
-        v_done := v_done OPERATOR(pg_catalog.||) v_key;
+        v_done := v_done || v_key;
     END LOOP;
     RETURN v_done;
 END
@@ -247,7 +248,7 @@ COMMENT ON FUNCTION pglockkit.try_xact_lock(text, bigint) IS
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource text, timeout interval DEFAULT NULL) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
-    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
+    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= pglockkit._longest_lock_wait()))
                      AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
                 THEN pglockkit._key(pglockkit._ns_id(ns), resource)
                 ELSE pglockkit._xact_lock(ns, resource, timeout) END;
@@ -258,7 +259,7 @@ COMMENT ON FUNCTION pglockkit.xact_lock(text, text, interval) IS
 CREATE FUNCTION pglockkit.xact_lock(ns text, resource bigint, timeout interval DEFAULT NULL) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
-    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '24 days'))
+    SELECT CASE WHEN (timeout IS NULL OR (timeout > interval '0' AND timeout <= pglockkit._longest_lock_wait()))
                      AND pg_catalog.pg_try_advisory_xact_lock(pglockkit._key(pglockkit._ns_id(ns), resource))
                 THEN pglockkit._key(pglockkit._ns_id(ns), resource)
                 ELSE pglockkit._xact_lock(ns, resource, timeout) END;
@@ -278,7 +279,7 @@ BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(resources) OPERATOR(pg_catalog.>) 1000 THEN
+    IF pg_catalog.cardinality(resources) > 1000 THEN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
@@ -288,8 +289,8 @@ BEGIN
     -- this transaction holds is taken again at once), so the order, and with it the freedom from
     -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
     -- lock_timeout and names the holder; a free set of locks pays for none of it.
-    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
-                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+    IF timeout IS NULL OR (timeout > interval '0'
+                           AND timeout <= pglockkit._longest_lock_wait()) THEN
         v_keys := ARRAY(SELECT DISTINCT pglockkit._key(v_id, r) FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
         FOREACH v_key IN ARRAY v_keys LOOP
             IF NOT pg_catalog.pg_try_advisory_xact_lock(v_key) THEN
@@ -320,7 +321,7 @@ BEGIN
     IF resources IS NULL OR pg_catalog.array_position(resources, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'resources must be an array without nulls' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(resources) OPERATOR(pg_catalog.>) 1000 THEN
+    IF pg_catalog.cardinality(resources) > 1000 THEN
         RAISE EXCEPTION 'xact_lock_all takes at most 1000 resources, got %', pg_catalog.cardinality(resources)
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each lock takes an entry of the server''s shared lock table, which all sessions share: lock a coarser resource (their parent) instead.';
@@ -330,8 +331,8 @@ BEGIN
     -- this transaction holds is taken again at once), so the order, and with it the freedom from
     -- deadlocks, is the same. The waiting path checks the timeout, reads the namespace's
     -- lock_timeout and names the holder; a free set of locks pays for none of it.
-    IF timeout IS NULL OR (timeout OPERATOR(pg_catalog.>) interval '0'
-                           AND timeout OPERATOR(pg_catalog.<=) interval '24 days') THEN
+    IF timeout IS NULL OR (timeout > interval '0'
+                           AND timeout <= pglockkit._longest_lock_wait()) THEN
         v_keys := ARRAY(SELECT DISTINCT coalesce(pglockkit._key(v_id, r), pglockkit._invalid_resource(r))
                           FROM pg_catalog.unnest(resources) AS r ORDER BY 1);
         FOREACH v_key IN ARRAY v_keys LOOP
@@ -392,9 +393,9 @@ BEGIN
                           WHEN 'I' THEN 'partitioned index' WHEN 'c' THEN 'composite type'
                           WHEN 'm' THEN 'materialized view' WHEN 't' THEN 'TOAST table'
                           ELSE pg_catalog.format('relation of kind %L', v_kind) END;
-    IF v_kind OPERATOR(pg_catalog.<>) ALL ('{r,p,v,f}'::"char"[]) THEN
+    IF v_kind <> ALL ('{r,p,v,f}'::"char"[]) THEN
         RAISE EXCEPTION '% is %, not a table: lock_rows locks rows of a table, partitioned table, view or foreign table', tbl,
-                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END OPERATOR(pg_catalog.||) v_what
+                        CASE WHEN v_kind = 'i' THEN 'an ' ELSE 'a ' END || v_what
             USING ERRCODE = 'wrong_object_type';
     END IF;
     IF v_type IS NULL THEN
@@ -417,19 +418,19 @@ BEGIN
     END IF;
     -- regclass output is schema-qualified where needed and quoted: safe to splice in.
     v_sql := pg_catalog.format('SELECT 1 FROM %s WHERE id = $1 FOR UPDATE', tbl);
-    v_deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) pglockkit._timeout_span(timeout);
+    v_deadline := pg_catalog.clock_timestamp() + pglockkit._timeout_span(timeout);
     -- One row at a time in ascending id order: the order is what prevents deadlocks, and the
     -- deadline makes the timeout bound the whole call.
     FOR v_id IN SELECT DISTINCT i FROM pg_catalog.unnest(ids) AS i ORDER BY i LOOP
         BEGIN
             IF v_deadline IS NOT NULL THEN
-                v_left := v_deadline OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp();
+                v_left := v_deadline - pg_catalog.clock_timestamp();
                 PERFORM pglockkit._set_lock_timeout(v_left);
             END IF;
             EXECUTE v_sql USING v_id;
             GET DIAGNOSTICS v_rows = ROW_COUNT;
         EXCEPTION WHEN lock_not_available THEN
-            RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' OPERATOR(pg_catalog.||) v_prev)
+            RAISE EXCEPTION 'could not lock row % of % within %', v_id, tbl, coalesce(timeout::text, 'lock_timeout ' || v_prev)
                 USING ERRCODE = 'lock_not_available',
                       HINT = 'Retry with jittered backoff; pg_blocking_pids() of a waiting session names who blocks it.';
         WHEN undefined_function THEN
@@ -449,7 +450,7 @@ BEGIN
             RAISE EXCEPTION 'id % is out of range for column "id" of % % (%)', v_id, v_what, tbl, v_type
                 USING ERRCODE = 'numeric_value_out_of_range', DETAIL = SQLERRM;
         END;
-        v_found := v_found OPERATOR(pg_catalog.+) v_rows;
+        v_found := v_found + v_rows;
     END LOOP;
     IF v_deadline IS NOT NULL THEN
         PERFORM pg_catalog.set_config('lock_timeout', v_prev, true);

@@ -36,6 +36,16 @@ COMMENT ON TABLE pglockkit.leases IS
 COMMENT ON COLUMN pglockkit.leases.session_key IS
     'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
 
+CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.lease_tokens IS
+    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
+
+-- The longest lease ttl, named once (leases are renewed while held: seconds to minutes).
+CREATE FUNCTION pglockkit._longest_lease_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '1 year';
+COMMENT ON FUNCTION pglockkit._longest_lease_ttl() IS 'Private: the longest lease ttl pglockkit accepts, 1 year.';
+
 CREATE FUNCTION pglockkit._advisory_held(key bigint, by_this_session boolean) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -43,12 +53,12 @@ AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks k
          WHERE k.locktype = 'advisory' AND k.granted
-           AND k.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-           AND (NOT by_this_session OR k.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+           AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                   WHERE d.datname = pg_catalog.current_database())
+           AND (NOT by_this_session OR k.pid = pg_catalog.pg_backend_pid())
            AND k.objsubid = 1
-           AND k.classid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.>>) 32)::oid
-           AND k.objid OPERATOR(pg_catalog.=) (key OPERATOR(pg_catalog.&) 4294967295)::oid)
+           AND k.classid = (key >> 32)::oid
+           AND k.objid = (key & 4294967295)::oid)
 $$;
 COMMENT ON FUNCTION pglockkit._advisory_held(bigint, boolean) IS
     'Private: whether the bigint advisory key is held in this database (by this session only, if by_this_session). Reads pg_locks: not for hot paths.';
@@ -79,12 +89,12 @@ BEGIN
     -- Positive as an interval (a month is 30 days there) and in effect: now + ttl is later than
     -- now, with calendar months ('-2 mon 61 days' is "positive" and 0 to 3 days backwards). The
     -- sum only within range: '300000 years' would overflow the timestamp (22008) (0015).
-    IF ttl OPERATOR(pg_catalog.<=) interval '0'
-       OR (ttl OPERATOR(pg_catalog.<=) interval '1 year'
-           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
+    IF ttl <= interval '0'
+       OR (ttl <= pglockkit._longest_lease_ttl()
+           AND pg_catalog.statement_timestamp() + ttl <= pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF ttl OPERATOR(pg_catalog.>) interval '1 year' THEN
+    IF ttl > pglockkit._longest_lease_ttl() THEN
         RAISE EXCEPTION 'lease ttl % is out of range', ttl USING ERRCODE = 'numeric_value_out_of_range',
             HINT = 'A lease is renewed while held; keep its ttl short (seconds to minutes).';
     END IF;
@@ -149,7 +159,7 @@ DECLARE
 BEGIN
     IF acquire_lease.name IS NULL OR acquire_lease.holder IS NULL OR acquire_lease.ttl IS NULL
        OR bind_session IS NULL OR acquire_lease.name = '' OR acquire_lease.holder = ''
-       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year'
+       OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > pglockkit._longest_lease_ttl()
        OR v_now + acquire_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(acquire_lease.name, acquire_lease.holder, acquire_lease.ttl);
         IF bind_session IS NULL THEN
@@ -271,7 +281,7 @@ BEGIN
             END IF;
             v_now := pg_catalog.clock_timestamp();
             INSERT INTO pglockkit.leases AS l (name, holder, token, acquired_at, renewed_at, expires_at, released_at)
-            VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, v_now)
+            VALUES (acquire_lease.name, acquire_lease.holder, 1, v_now, v_now, v_now + acquire_lease.ttl, v_now)
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
             GET DIAGNOSTICS v_n = ROW_COUNT;
             IF v_n = 0 THEN
@@ -290,7 +300,7 @@ BEGIN
                     -- The live holder acquiring again: a renewal, same token (a bound lease stays
                     -- bound to its backend).
                     UPDATE pglockkit.leases l
-                       SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl
+                       SET renewed_at = v_now, expires_at = v_now + acquire_lease.ttl
                      WHERE l.name = acquire_lease.name;
                     RETURN v_row.token;
                 END IF;
@@ -326,7 +336,7 @@ BEGIN
         END IF;
         UPDATE pglockkit.leases l
            SET holder = acquire_lease.holder, token = v_token, acquired_at = v_since, renewed_at = v_now,
-               expires_at = v_now OPERATOR(pg_catalog.+) acquire_lease.ttl, released_at = NULL,
+               expires_at = v_now + acquire_lease.ttl, released_at = NULL,
                session_bound = bind_session, holder_pid = v_pid,
                session_key = v_bind
          WHERE l.name = acquire_lease.name;
@@ -363,7 +373,7 @@ DECLARE
 BEGIN
     IF renew_lease.name IS NULL OR renew_lease.holder IS NULL OR renew_lease.ttl IS NULL
        OR renew_lease.name = '' OR renew_lease.holder = ''
-       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year'
+       OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > pglockkit._longest_lease_ttl()
        OR v_now + renew_lease.ttl <= v_now THEN
         PERFORM pglockkit._check_lease_args(renew_lease.name, renew_lease.holder, renew_lease.ttl);
         RAISE EXCEPTION 'lease ttl must be positive, got %', renew_lease.ttl USING ERRCODE = 'invalid_parameter_value';
@@ -372,7 +382,7 @@ BEGIN
         RAISE EXCEPTION 'lease token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     UPDATE pglockkit.leases l
-       SET renewed_at = v_now, expires_at = v_now OPERATOR(pg_catalog.+) renew_lease.ttl
+       SET renewed_at = v_now, expires_at = v_now + renew_lease.ttl
      WHERE l.name = renew_lease.name
        AND l.holder = renew_lease.holder
        AND l.token = renew_lease.token
@@ -475,7 +485,7 @@ BEGIN
         RAISE EXCEPTION 'fence check failed: lease "%" (token %) was released', check_fence.name, check_fence.token
             USING ERRCODE = 'PK001';
     END IF;
-    IF v_row.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
+    IF v_row.expires_at <= pg_catalog.clock_timestamp() THEN
         RAISE EXCEPTION 'fence check failed: lease "%" (token %) expired at %', check_fence.name, check_fence.token, v_row.expires_at
             USING ERRCODE = 'PK001', HINT = 'Renew the lease more often than its ttl.';
     END IF;
@@ -483,19 +493,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.check_fence(text, bigint) IS
     'Call inside the writer''s transaction before it writes: raises PK001 unless token is the live lease''s token, and holds the lease row (FOR SHARE) so that the lease cannot change hands before this transaction ends.';
-
-CREATE VIEW pglockkit.lease_status AS
-SELECT l.name::text AS name, l.holder, l.token::bigint AS token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
-       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
-       l.session_bound, l.holder_pid
-  FROM pglockkit.leases l;
-COMMENT ON VIEW pglockkit.lease_status IS
-    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';
-
-CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
-COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
 
 CREATE FUNCTION pglockkit._lease_session_key(name text, pid integer) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -525,7 +522,7 @@ BEGIN
        OR EXISTS (SELECT FROM pglockkit.leases l
                    WHERE l.name = _lease_drop_stale_key.name
                      AND l.session_bound AND l.session_key = v_key
-                     AND l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                     AND l.released_at IS NULL AND l.expires_at > pg_catalog.clock_timestamp())
     THEN
         RETURN false;
     END IF;
@@ -546,20 +543,29 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
+        v_before := pg_catalog.clock_timestamp() - older_than;
     EXCEPTION WHEN datetime_field_overflow THEN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
     -- A row locked by an acquirer is waited for, then checked again: a lease taken meanwhile stays.
     DELETE FROM pglockkit.leases l
-     WHERE coalesce(l.released_at, l.expires_at) OPERATOR(pg_catalog.<) v_before;
+     WHERE coalesce(l.released_at, l.expires_at) < v_before;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_leases(interval) IS
     'Deletes leases released, or expired, more than older_than ago; returns how many. Tokens never repeat: a pruned name''s next token is larger than all it had. A stale holder''s check_fence then fails with PK001 (no lease of that name). Run it from cron, e.g. prune_leases(''7 days'').';
+
+CREATE VIEW pglockkit.lease_status AS
+SELECT l.name::text AS name, l.holder, l.token::bigint AS token, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       CASE WHEN l.released_at IS NULL THEN l.expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp() END AS expires_in,
+       (l.released_at IS NULL AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS live,
+       l.session_bound, l.holder_pid
+  FROM pglockkit.leases l;
+COMMENT ON VIEW pglockkit.lease_status IS
+    'Every lease: holder, token, expiry; expires_in (negative once expired), live. A session-bound lease whose holder backend is gone is still shown live until its ttl; acquire_lease treats it as free.';

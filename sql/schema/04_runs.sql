@@ -53,7 +53,7 @@ BEGIN
         IF EXISTS (SELECT FROM pglockkit.runs r
                     WHERE r.job = start_run.job AND r.slot = start_run.slot
                       AND r.status = 'running'
-                      AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) THEN
+                      AND r.holder_pid = pg_catalog.pg_backend_pid()) THEN
             RETURN NULL;
         END IF;
     -- Herd guard: while a live session starts or runs this slot, everyone else returns at once.
@@ -66,7 +66,7 @@ BEGIN
     INSERT INTO pglockkit.runs AS r (job, slot, holder, status, started_at, holder_pid)
     VALUES (start_run.job, start_run.slot, start_run.holder, 'running', pg_catalog.clock_timestamp(), pg_catalog.pg_backend_pid())
     ON CONFLICT ON CONSTRAINT runs_job_slot_key DO UPDATE
-       SET holder = excluded.holder, status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1,
+       SET holder = excluded.holder, status = 'running', attempt = r.attempt + 1,
            started_at = excluded.started_at, finished_at = NULL, detail = NULL, holder_pid = excluded.holder_pid
      WHERE r.status = 'running'
     RETURNING r.id INTO v_id;
@@ -102,7 +102,7 @@ BEGIN
        SET status = CASE WHEN ok THEN 'succeeded' ELSE 'failed' END,
            finished_at = pg_catalog.clock_timestamp(), detail = finish_run.detail
      WHERE r.id = run_id AND r.status = 'running'
-       AND r.holder_pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+       AND r.holder_pid = pg_catalog.pg_backend_pid()
        AND pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), true)
     RETURNING r.job, r.slot INTO v_job, v_slot;
     IF NOT FOUND THEN
@@ -143,18 +143,6 @@ CREATE CONSTRAINT TRIGGER runs_release_slot
     FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status <> 'running')
     EXECUTE FUNCTION pglockkit._release_finished_run();
 
-CREATE VIEW pglockkit.run_history AS
-SELECT r.id, r.job, r.slot, r.holder,
-       CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
-                 AND NOT pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), false)
-            THEN 'abandoned' ELSE r.status END AS status,
-       r.attempt, r.started_at, r.finished_at,
-       coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,
-       r.detail, r.holder_pid
-  FROM pglockkit.runs r;
-COMMENT ON VIEW pglockkit.run_history IS
-    'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';
-
 CREATE FUNCTION pglockkit.prune_runs(older_than interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -166,11 +154,11 @@ BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION 'older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        v_before := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than;
+        v_before := pg_catalog.clock_timestamp() - older_than;
     EXCEPTION WHEN datetime_field_overflow THEN
         RETURN 0;  -- before the calendar starts: nothing is that old
     END;
@@ -182,3 +170,15 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_runs(interval) IS
     'Deletes runs that finished (succeeded or failed) more than older_than ago; returns how many. Running and abandoned runs stay. A pruned slot''s row was its backstop: start_run can run that slot again, so prune only slots no pod can still start (for daily slots, e.g. prune_runs(''30 days'')).';
+
+CREATE VIEW pglockkit.run_history AS
+SELECT r.id, r.job, r.slot, r.holder,
+       CASE WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                 AND NOT pglockkit._advisory_held(pglockkit._run_key(r.job, r.slot), false)
+            THEN 'abandoned' ELSE r.status END AS status,
+       r.attempt, r.started_at, r.finished_at,
+       coalesce(r.finished_at, pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) r.started_at AS duration,
+       r.detail, r.holder_pid
+  FROM pglockkit.runs r;
+COMMENT ON VIEW pglockkit.run_history IS
+    'Every singleton run with its outcome and duration. status ''abandoned'': still marked running but its holder''s session is gone; the next start_run of that slot re-runs it.';

@@ -113,8 +113,29 @@ CREATE TYPE pglockkit.claimed_job AS (
 COMMENT ON TYPE pglockkit.claimed_job IS
     'A job handed out by claim_job: pass id and token to complete_job / fail_job / extend_job / release_job. concurrency_key is the job''s (NULL if none): a transaction that records outcomes of keyed jobs in several statements orders them by (queue, concurrency_key) COLLATE "C", the order the queue functions lock key rows in.';
 
--- Constants of the queue live here, once. (Note: every OPERATOR(pg_catalog.x) has the same
--- precedence, so mixed arithmetic below is fully parenthesised.)
+CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
+
+-- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
+CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
+    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
+
+CREATE TABLE pglockkit.config (
+    singleton         boolean PRIMARY KEY DEFAULT true CONSTRAINT config_one_row CHECK (singleton),
+    max_payload_bytes integer NOT NULL DEFAULT 1048576
+                      CONSTRAINT config_max_payload_bytes_range CHECK (max_payload_bytes BETWEEN 4096 AND 268435455)
+);
+COMMENT ON TABLE pglockkit.config IS
+    'pglockkit''s settings: one row. Change them with the set_* functions (pglockkit_admin); read them in pglockkit.settings.';
+
+INSERT INTO pglockkit.config DEFAULT VALUES;
+
+-- Constants of the queue live here, once.
+CREATE FUNCTION pglockkit._longest_job_lease() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN interval '7 days';
+COMMENT ON FUNCTION pglockkit._longest_job_lease() IS
+    'Private: the longest job lease pglockkit accepts, 7 days (a long job extends its lease while it runs).';
+
 CREATE FUNCTION pglockkit._retry_delay(attempt integer) RETURNS interval
 LANGUAGE sql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -122,8 +143,8 @@ AS $$
     -- Exponential backoff with "equal jitter": half of 2^(attempt-1) seconds fixed, half random,
     -- capped at one hour, so failing jobs spread out instead of retrying in lockstep.
     SELECT pg_catalog.make_interval(secs =>
-        (d OPERATOR(pg_catalog./) 2) OPERATOR(pg_catalog.+) ((pg_catalog.random() OPERATOR(pg_catalog.*) d) OPERATOR(pg_catalog./) 2))
-      FROM (SELECT LEAST(3600.0, pg_catalog.power(2.0, GREATEST(attempt, 1) OPERATOR(pg_catalog.-) 1))::float8 AS d) s
+        (d / 2) + ((pg_catalog.random() * d) / 2))
+      FROM (SELECT LEAST(3600.0, pg_catalog.power(2.0, GREATEST(attempt, 1) - 1))::float8 AS d) s
 $$;
 COMMENT ON FUNCTION pglockkit._retry_delay(integer) IS
     'Private: the pause before retry n of a failed job: d/2 + random()*d/2 with d = 2^(n-1) s, capped at 1 h.';
@@ -154,14 +175,15 @@ BEGIN
     -- Positive in effect too: with calendar months, '-2 mon 61 days' compares as positive but can
     -- move the clock back, a lease expired when it is given (0013). The sum only within range:
     -- '300000 years' would overflow the timestamp (22008) (0015).
-    IF lease OPERATOR(pg_catalog.<=) interval '0'
-       OR (lease OPERATOR(pg_catalog.<=) interval '7 days'
-           AND pg_catalog.statement_timestamp() OPERATOR(pg_catalog.+) lease OPERATOR(pg_catalog.<=) pg_catalog.statement_timestamp()) THEN
+    IF lease <= interval '0'
+       OR (lease <= pglockkit._longest_job_lease()
+           AND pg_catalog.statement_timestamp() + lease <= pg_catalog.statement_timestamp()) THEN
         RAISE EXCEPTION 'lease must be positive, got %', lease USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF lease OPERATOR(pg_catalog.>) interval '7 days' THEN
+    IF lease > pglockkit._longest_job_lease() THEN
         RAISE EXCEPTION 'lease % is out of range', lease USING ERRCODE = 'numeric_value_out_of_range',
-            HINT = 'Leases are at most 7 days; extend a long job''s lease with extend_job while it runs.';
+            HINT = pg_catalog.format('Leases are at most %s; extend a long job''s lease with extend_job while it runs.',
+                                     pglockkit._longest_job_lease());
     END IF;
 END
 $$;
@@ -209,7 +231,7 @@ AS $$
            FOR NO KEY UPDATE OF k
     )
     UPDATE pglockkit.job_keys k
-       SET running = k.running OPERATOR(pg_catalog.-) l.n
+       SET running = k.running - l.n
       FROM locked l
      WHERE k.queue = l.queue AND k.key = l.key
 $$;
@@ -265,7 +287,7 @@ BEGIN
             HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
     END IF;
     -- The payload limit: read only for a payload over its smallest value, or compressed.
-    IF pg_catalog.pg_column_size(enqueue_job.payload) OPERATOR(pg_catalog.>) 4096
+    IF pg_catalog.pg_column_size(enqueue_job.payload) > 4096
        OR pg_catalog.pg_column_compression(enqueue_job.payload) IS NOT NULL THEN
         PERFORM pglockkit._check_payloads(ARRAY[enqueue_job.payload]);
     END IF;
@@ -273,7 +295,7 @@ BEGIN
         RAISE EXCEPTION 'max_attempts % is out of range', enqueue_job.max_attempts
             USING ERRCODE = 'numeric_value_out_of_range', HINT = 'max_attempts is 1 to 1000.';
     END IF;
-    IF (enqueue_job.concurrency_key IS NULL) OPERATOR(pg_catalog.<>) (enqueue_job.concurrency_limit IS NULL) THEN
+    IF (enqueue_job.concurrency_key IS NULL) <> (enqueue_job.concurrency_limit IS NULL) THEN
         RAISE EXCEPTION 'concurrency_key and concurrency_limit go together' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'Pass both (at most concurrency_limit jobs with this key run at once) or neither.';
     END IF;
@@ -345,7 +367,7 @@ BEGIN
             HINT = 'A job due now takes now(); one that should never run is not enqueued (or is cancelled).';
     END IF;
     IF EXISTS (SELECT FROM pg_catalog.unnest(payloads) AS p(payload)
-                WHERE pg_catalog.pg_column_size(p.payload) OPERATOR(pg_catalog.>) 4096
+                WHERE pg_catalog.pg_column_size(p.payload) > 4096
                    OR pg_catalog.pg_column_compression(p.payload) IS NOT NULL) THEN
         PERFORM pglockkit._check_payloads(payloads);
     END IF;
@@ -447,9 +469,9 @@ BEGIN
     -- The argument checks, as one expression when the arguments are good (each IF is an
     -- expression evaluation of its own); the statements inside say which one is bad.
     IF claim_job.queue IS NULL OR claim_job.queue = ''
-       OR claim_job.lease IS NULL OR claim_job.lease OPERATOR(pg_catalog.<=) interval '0'
-       OR claim_job.lease OPERATOR(pg_catalog.>) interval '7 days'  -- before the sum, which it keeps in range
-       OR v_now OPERATOR(pg_catalog.+) claim_job.lease OPERATOR(pg_catalog.<=) v_now
+       OR claim_job.lease IS NULL OR claim_job.lease <= interval '0'
+       OR claim_job.lease > pglockkit._longest_job_lease()  -- before the sum, which it keeps in range
+       OR v_now + claim_job.lease <= v_now
        OR claim_job.worker IS NULL OR claim_job.batch IS NULL OR claim_job.worker = ''
        OR claim_job.batch NOT BETWEEN 1 AND 1000 THEN
         IF claim_job.queue IS NULL THEN
@@ -486,7 +508,7 @@ BEGIN
     -- tokens in this statement (a call for such jobs only: a job without a rate key costs one
     -- column test); otherwise left to the keyed path. A paused queue: a one-time filter too.
     IF claim_job.batch = 1
-       AND pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 180000 THEN
+       AND pg_catalog.current_setting('server_version_num')::integer >= 180000 THEN
         -- PostgreSQL 18 and later: the scan in claim order is the bare statement's. Its btree skip
         -- scan jumps over the entries of jobs_ready that are scheduled for later (run_at is an index
         -- condition under the skipped priority column), so the walk over priorities below is not
@@ -494,10 +516,10 @@ BEGIN
         -- install, so that a pg_upgrade to 18 takes this branch without a migration.
         RETURN QUERY
         UPDATE pglockkit.jobs j
-           SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+           SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
-         WHERE j.id OPERATOR(pg_catalog.=) (
+         WHERE j.id = (
                SELECT r.id
                  FROM pglockkit.jobs r
                 WHERE r.queue = claim_job.queue AND r.status = 'queued'
@@ -516,14 +538,14 @@ BEGIN
         -- case, a queue whose top priority has a due job, costs two index probes and no walk.
         RETURN QUERY
         UPDATE pglockkit.jobs j
-           SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+           SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
-         WHERE j.id OPERATOR(pg_catalog.=) (
+         WHERE j.id = (
                SELECT r.id
                  FROM pglockkit.jobs r
                 WHERE r.queue = claim_job.queue AND r.status = 'queued'
-                  AND r.priority OPERATOR(pg_catalog.=) (
+                  AND r.priority = (
                       SELECT t.priority FROM pglockkit.jobs t
                        WHERE t.queue = claim_job.queue AND t.status = 'queued'
                        ORDER BY t.priority DESC LIMIT 1)
@@ -558,10 +580,10 @@ BEGIN
                   FROM priorities p WHERE p.priority IS NOT NULL
             )
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) (
+             WHERE j.id = (
                    SELECT x.id
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
@@ -599,10 +621,10 @@ BEGIN
               FROM priorities p WHERE p.priority IS NOT NULL
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(
+             WHERE j.id = ANY (ARRAY(
                    SELECT x.id
                      FROM priorities p CROSS JOIN LATERAL (
                           SELECT r.id
@@ -696,10 +718,10 @@ BEGIN
              LIMIT claim_job.batch
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
+             WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
         SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
@@ -773,8 +795,8 @@ BEGIN
                       AND (r.concurrency_key IS NULL OR NOT EXISTS (
                       SELECT FROM pglockkit.job_keys k
                        WHERE k.queue = claim_job.queue AND k.key = r.concurrency_key
-                         AND (k.running OPERATOR(pg_catalog.>=) r.concurrency_limit
-                              OR (k.running OPERATOR(pg_catalog.>) 0 AND k.running OPERATOR(pg_catalog.>=) (
+                         AND (k.running >= r.concurrency_limit
+                              OR (k.running > 0 AND k.running >= (
                                   SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
                                    WHERE m.queue = claim_job.queue
                                      AND m.concurrency_key = r.concurrency_key
@@ -800,16 +822,16 @@ BEGIN
             SELECT k.key, k.running
               FROM pglockkit.job_keys k
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))
+               AND k.key = ANY (ARRAY(SELECT y.key FROM keyed y))
              ORDER BY k.key
                FOR NO KEY UPDATE OF k SKIP LOCKED
         ), missing AS (
             -- Keys without a row in this statement's snapshot.
             SELECT y.key FROM keyed y
-             WHERE y.key OPERATOR(pg_catalog.<>) ALL (ARRAY(
+             WHERE y.key <> ALL (ARRAY(
                    SELECT k.key FROM pglockkit.job_keys k
                     WHERE k.queue = claim_job.queue
-                      AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT y.key FROM keyed y))))
+                      AND k.key = ANY (ARRAY(SELECT y.key FROM keyed y))))
         ), limits AS (
             SELECT y.key, (SELECT pg_catalog.min(m.concurrency_limit) FROM pglockkit.jobs m
                             WHERE m.queue = claim_job.queue AND m.concurrency_key = y.key
@@ -862,12 +884,12 @@ BEGIN
                      WHERE r.rank = 1) r
              WHERE r.concurrency_key IS NULL
                 OR ((r.have_row OR r.create_row)
-                    AND r.nth OPERATOR(pg_catalog.<=) (r.key_limit OPERATOR(pg_catalog.-) r.running_now)
+                    AND r.nth <= (r.key_limit - r.running_now)
                     AND r.concurrency_key NOT IN (SELECT e.concurrency_key FROM expired e
                                                    WHERE e.exhausted AND e.concurrency_key IS NOT NULL))
         ), kept AS (
             SELECT a.* FROM allowed a
-             WHERE a.pos OPERATOR(pg_catalog.<=) (claim_job.batch OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM rate_ok o WHERE o.rank = 0))
+             WHERE a.pos <= (claim_job.batch - (SELECT pg_catalog.count(*) FROM rate_ok o WHERE o.rank = 0))
         ), buried AS (
             UPDATE pglockkit.jobs j
                SET status = 'dead', last_error = 'lease expired', finished_at = v_now, lease_expires_at = NULL
@@ -882,21 +904,21 @@ BEGIN
         ), unburied AS (
             -- Rows locked above (or missing): no wait.
             UPDATE pglockkit.job_keys k
-               SET running = k.running OPERATOR(pg_catalog.-) b.n
+               SET running = k.running - b.n
               FROM unbury b
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
+               AND k.key = ANY (ARRAY(SELECT u.key FROM unbury u)) AND k.key = b.key
         ), reserve AS (
             SELECT kk.concurrency_key AS key, pg_catalog.count(*)::int AS n, pg_catalog.min(kk.key_limit) AS lim
               FROM kept kk WHERE kk.have_row GROUP BY kk.concurrency_key
         ), reserved AS (
             -- Rows locked above: no wait. (The re-check of the limit cannot fail; it guards the count.)
             UPDATE pglockkit.job_keys k
-               SET running = k.running OPERATOR(pg_catalog.+) g.n, lim = g.lim
+               SET running = k.running + g.n, lim = g.lim
               FROM reserve g
              WHERE k.queue = claim_job.queue
-               AND k.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
-               AND (k.running OPERATOR(pg_catalog.+) g.n) OPERATOR(pg_catalog.<=) g.lim
+               AND k.key = ANY (ARRAY(SELECT r.key FROM reserve r)) AND k.key = g.key
+               AND (k.running + g.n) <= g.lim
             RETURNING k.key
         ), created AS (
             INSERT INTO pglockkit.job_keys AS k (queue, key, running, lim)
@@ -930,12 +952,12 @@ BEGIN
                AND (NOT kk.rate_limited OR kk.rate_key IN (SELECT sp.key FROM spent sp))
         ), claimed AS (
             UPDATE pglockkit.jobs j
-               SET status = 'running', attempt = j.attempt OPERATOR(pg_catalog.+) 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now OPERATOR(pg_catalog.+) claim_job.lease,
+               SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
+                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
              -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.
-             WHERE j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p))
+             WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
         )
         (SELECT c.id, c.queue, c.payload, c.attempt, c.max_attempts, c.token, c.lease_expires_at, c.concurrency_key
@@ -963,7 +985,7 @@ BEGIN
         -- most); this claim waits for nothing.
         EXIT WHEN v_found OR NOT v_held OR v_pause > 0.008;
         PERFORM pg_catalog.pg_sleep(v_pause);
-        v_pause := v_pause OPERATOR(pg_catalog.*) 2;
+        v_pause := v_pause * 2;
         v_now := pg_catalog.clock_timestamp();
     END LOOP;
 END
@@ -1012,7 +1034,7 @@ BEGIN
     IF ids IS NULL OR tokens IS NULL THEN
         RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+    IF pg_catalog.cardinality(ids) <> pg_catalog.cardinality(tokens) THEN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1066,13 +1088,13 @@ BEGIN
         RAISE EXCEPTION 'retry_in must be finite, got %', retry_in USING ERRCODE = 'invalid_parameter_value',
             HINT = 'To stop retrying a job, cancel_job it.';
     END IF;
-    IF retry_in IS NOT NULL AND retry_in OPERATOR(pg_catalog.<) interval '0' THEN
+    IF retry_in IS NOT NULL AND retry_in < interval '0' THEN
         RAISE EXCEPTION 'retry_in must not be negative, got %', retry_in USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE pglockkit.jobs j
        SET status = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
            run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
-                         ELSE v_now OPERATOR(pg_catalog.+) coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
+                         ELSE v_now + coalesce(retry_in, pglockkit._retry_delay(j.attempt)) END,
            finished_at = CASE WHEN j.attempt >= j.max_attempts THEN v_now END,
            last_error = fail_job.error, lease_expires_at = NULL
      WHERE j.id = fail_job.id AND j.token = fail_job.token
@@ -1100,7 +1122,7 @@ AS $$
 BEGIN
     PERFORM pglockkit._check_lease(extend_job.lease);
     UPDATE pglockkit.jobs j
-       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_job.lease
+       SET lease_expires_at = pg_catalog.clock_timestamp() + extend_job.lease
      WHERE j.id = extend_job.id AND j.token = extend_job.token
        AND j.status = 'running';
     RETURN FOUND OR pglockkit._job_not_found(extend_job.id);
@@ -1119,7 +1141,7 @@ DECLARE
     v_key   text;
 BEGIN
     UPDATE pglockkit.jobs j
-       SET status = 'queued', attempt = j.attempt OPERATOR(pg_catalog.-) 1, lease_expires_at = NULL,
+       SET status = 'queued', attempt = j.attempt - 1, lease_expires_at = NULL,
            run_at = LEAST(j.run_at, pg_catalog.clock_timestamp())
      WHERE j.id = release_job.id AND j.token = release_job.token
        AND j.status = 'running'
@@ -1180,7 +1202,7 @@ AS $$
     WITH requeued AS (
         UPDATE pglockkit.jobs j
            SET status = 'queued', attempt = 0, run_at = pg_catalog.clock_timestamp(), finished_at = NULL, lease_expires_at = NULL
-         WHERE j.id OPERATOR(pg_catalog.=) ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
+         WHERE j.id = ANY (_requeue_dead.ids) AND j.queue = _requeue_dead.queue AND j.status = 'dead'
            AND (j.dedup_key IS NULL
                 OR NOT EXISTS (SELECT FROM pglockkit.jobs p
                                 WHERE p.queue = j.queue AND p.dedup_key = j.dedup_key AND p.status IN ('queued', 'running')))
@@ -1214,11 +1236,11 @@ BEGIN
     SELECT pg_catalog.array_agg(c.id) INTO v_ids
       FROM (SELECT j.id FROM pglockkit.jobs j
              WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NULL
-               AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+               AND (retry_dead_jobs.ids IS NULL OR j.id = ANY (retry_dead_jobs.ids))
             UNION ALL
             SELECT d.id FROM (SELECT DISTINCT ON (j.dedup_key) j.id FROM pglockkit.jobs j
                                WHERE j.queue = retry_dead_jobs.queue AND j.status = 'dead' AND j.dedup_key IS NOT NULL
-                                 AND (retry_dead_jobs.ids IS NULL OR j.id OPERATOR(pg_catalog.=) ANY (retry_dead_jobs.ids))
+                                 AND (retry_dead_jobs.ids IS NULL OR j.id = ANY (retry_dead_jobs.ids))
                                ORDER BY j.dedup_key, j.id DESC) d) c;
     IF v_ids IS NULL THEN
         RETURN 0;
@@ -1234,9 +1256,9 @@ BEGIN
             BEGIN
                 SELECT r.n, r.keys, r.limits INTO v_one, v_k, v_l
                   FROM pglockkit._requeue_dead(retry_dead_jobs.queue, ARRAY[v_id]) r;
-                v_n := v_n OPERATOR(pg_catalog.+) v_one;
-                v_keys := v_keys OPERATOR(pg_catalog.||) v_k;
-                v_limits := v_limits OPERATOR(pg_catalog.||) v_l;
+                v_n := v_n + v_one;
+                v_keys := v_keys || v_k;
+                v_limits := v_limits || v_l;
             EXCEPTION WHEN unique_violation THEN
                 NULL;
             END;
@@ -1307,12 +1329,12 @@ BEGIN
     IF older_than IS NULL OR include_dead IS NULL THEN
         RAISE EXCEPTION 'older_than and include_dead must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF older_than OPERATOR(pg_catalog.<) interval '0' THEN
+    IF older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must not be negative, got %', older_than USING ERRCODE = 'invalid_parameter_value';
     END IF;
     DELETE FROM pglockkit.jobs j
      WHERE j.status IN ('done', 'cancelled', CASE WHEN include_dead THEN 'dead' END)
-       AND j.finished_at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) older_than)
+       AND j.finished_at < (pg_catalog.clock_timestamp() - older_than)
        AND (prune_jobs.queue IS NULL OR j.queue = prune_jobs.queue);
     GET DIAGNOSTICS v_n = ROW_COUNT;
 
@@ -1345,45 +1367,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.prune_jobs(interval, text, boolean) IS
     'Deletes done and cancelled jobs (and dead ones with include_dead) that finished more than older_than ago, in one queue or all; returns how many. Also deletes the job_keys rows of concurrency keys with no queued or running job (whatever older_than), which gives a queue whose keys are all idle the claim path of a queue without keys again. Never waits for a claim. Run it from cron, e.g. prune_jobs(''7 days'').';
-
-CREATE VIEW pglockkit.queue_stats AS
-SELECT coalesce(s.queue, p.queue) AS queue,
-       coalesce(s.ready, 0) AS ready, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.running, 0) AS running,
-       coalesce(s.expired_leases, 0) AS expired_leases, coalesce(s.done, 0) AS done, coalesce(s.dead, 0) AS dead,
-       coalesce(s.cancelled, 0) AS cancelled, s.oldest_ready_age, coalesce(s.done_last_minute, 0) AS done_last_minute,
-       p.queue IS NOT NULL AS paused
-  FROM (SELECT j.queue,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
-               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                   -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
-                   pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
-               pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
-                                            AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
-          FROM pglockkit.jobs j
-         GROUP BY j.queue) s
-  FULL JOIN pglockkit.paused_queues p ON p.queue OPERATOR(pg_catalog.=) s.queue;
-COMMENT ON VIEW pglockkit.queue_stats IS
-    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity), jobs done in the last minute, and whether the queue is paused (pause_queue; a paused queue without jobs has a row of zeros). Scans the table: for dashboards, not hot paths.';
-
-CREATE VIEW pglockkit.rate_limits AS
-SELECT q.queue, q.key, q.rate, q.per, q.burst,
-       GREATEST(q.tat OPERATOR(pg_catalog.-) (q.step OPERATOR(pg_catalog.*) (q.burst OPERATOR(pg_catalog.-) 1)), n.t) AS next_allowed_at,
-       GREATEST(pg_catalog.floor(EXTRACT(epoch FROM (n.t OPERATOR(pg_catalog.+) (q.step OPERATOR(pg_catalog.*) q.burst))
-                                                    OPERATOR(pg_catalog.-) GREATEST(q.tat, n.t))
-                                 OPERATOR(pg_catalog./) EXTRACT(epoch FROM q.step)), 0)::integer AS tokens,
-       (SELECT pg_catalog.count(*) FROM pglockkit.jobs j
-         WHERE j.queue OPERATOR(pg_catalog.=) q.queue AND j.rate_key OPERATOR(pg_catalog.=) q.key
-           AND j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) n.t) AS waiting
-  FROM pglockkit.job_rates q
- CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS t) n;
-COMMENT ON VIEW pglockkit.rate_limits IS
-    'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
 
 -- A worker whose claim came back empty while the queue's due jobs wait only for a rate token
 -- sleeps until that token, not its whole poll interval (nothing NOTIFYs when a token comes): a key
@@ -1527,8 +1510,6 @@ $$;
 COMMENT ON FUNCTION pglockkit.resume_queue(text) IS
     'Resumes a paused queue (NOTIFY pglockkit_jobs wakes its workers): true if it was paused, false if not. pglockkit_admin only. 22004 for a NULL queue, 22023 for an empty one.';
 
-CREATE INDEX jobs_leases ON pglockkit.jobs (queue, lease_expires_at) WHERE lease_expires_at IS NOT NULL;
-
 CREATE FUNCTION pglockkit.extend_jobs(ids bigint[], tokens bigint[], lease interval) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1541,7 +1522,7 @@ BEGIN
     IF ids IS NULL OR tokens IS NULL THEN
         RAISE EXCEPTION 'ids and tokens must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF pg_catalog.cardinality(ids) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(tokens) THEN
+    IF pg_catalog.cardinality(ids) <> pg_catalog.cardinality(tokens) THEN
         RAISE EXCEPTION 'ids and tokens differ in length (% and %)', pg_catalog.cardinality(ids), pg_catalog.cardinality(tokens)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1555,7 +1536,7 @@ BEGIN
            FOR NO KEY UPDATE OF j SKIP LOCKED
     )
     UPDATE pglockkit.jobs j
-       SET lease_expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) extend_jobs.lease
+       SET lease_expires_at = pg_catalog.clock_timestamp() + extend_jobs.lease
       FROM mine
      WHERE j.id = mine.id;
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -1564,10 +1545,6 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit.extend_jobs(bigint[], bigint[], interval) IS
     'Heartbeat for many jobs in one statement: each job whose (id, token) is its current claim and that is running now has its lease end lease from now. Returns how many were extended. Stale or unknown pairs are skipped, and so is a job row locked by another transaction (it is being completed, failed or claimed right now): never waits.';
-
--- The smallest limit among a key's unfinished jobs, and whether a key has any: one index probe.
-CREATE INDEX jobs_keys ON pglockkit.jobs (queue, concurrency_key, concurrency_limit)
-    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
 
 CREATE FUNCTION pglockkit._pin_job_key(queue text, key text, lim integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -1614,23 +1591,6 @@ CREATE TRIGGER jobs_pin_key BEFORE INSERT ON pglockkit.jobs
     FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
     EXECUTE FUNCTION pglockkit._pin_job_key_on_insert();
 
-CREATE TABLE pglockkit.config (
-    singleton         boolean PRIMARY KEY DEFAULT true CONSTRAINT config_one_row CHECK (singleton),
-    max_payload_bytes integer NOT NULL DEFAULT 1048576
-                      CONSTRAINT config_max_payload_bytes_range CHECK (max_payload_bytes BETWEEN 4096 AND 268435455)
-);
-COMMENT ON TABLE pglockkit.config IS
-    'pglockkit''s settings: one row. Change them with the set_* functions (pglockkit_admin); read them in pglockkit.settings.';
-
-INSERT INTO pglockkit.config DEFAULT VALUES;
-
-CREATE VIEW pglockkit.settings AS
-SELECT 'max_payload_bytes'::text AS name, c.max_payload_bytes::bigint AS value,
-       'The largest job payload enqueue_job and enqueue_jobs accept, in bytes of the uncompressed jsonb value (pg_column_size); 54000 above it. Set with set_max_payload_bytes.'::text AS description
-  FROM pglockkit.config c;
-COMMENT ON VIEW pglockkit.settings IS
-    'pglockkit''s settings, one row each: name, value, what it does. Readable by every pglockkit_user; pglockkit_admin changes them with the set_* functions.';
-
 CREATE FUNCTION pglockkit.set_max_payload_bytes(bytes integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1668,13 +1628,13 @@ BEGIN
     SELECT c.max_payload_bytes INTO v_limit FROM pglockkit.config c;
     SELECT p.n, s.size INTO v_n, v_size
       FROM pg_catalog.unnest(payloads) WITH ORDINALITY AS p(payload, n),
-           LATERAL (SELECT pg_catalog.pg_column_size(p.payload OPERATOR(pg_catalog.#>) '{}'::text[]) AS size) s
+           LATERAL (SELECT pg_catalog.pg_column_size(p.payload #> '{}'::text[]) AS size) s
      WHERE s.size > v_limit
      ORDER BY p.n
      LIMIT 1;
     IF v_n IS NOT NULL THEN
         RAISE EXCEPTION 'job payload%is % bytes, over the limit max_payload_bytes %',
-            CASE WHEN pg_catalog.cardinality(payloads) OPERATOR(pg_catalog.>) 1
+            CASE WHEN pg_catalog.cardinality(payloads) > 1
                  THEN pg_catalog.format(' %s of %s ', v_n, pg_catalog.cardinality(payloads)) ELSE ' ' END,
             v_size, v_limit
             USING ERRCODE = 'program_limit_exceeded',
@@ -1685,3 +1645,49 @@ END
 $$;
 COMMENT ON FUNCTION pglockkit._check_payloads(jsonb[]) IS
     'Private: 54000 naming the first payload over max_payload_bytes (uncompressed jsonb size), with its size and the limit.';
+
+CREATE VIEW pglockkit.queue_stats AS
+SELECT coalesce(s.queue, p.queue) AS queue,
+       coalesce(s.ready, 0) AS ready, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.running, 0) AS running,
+       coalesce(s.expired_leases, 0) AS expired_leases, coalesce(s.done, 0) AS done, coalesce(s.dead, 0) AS dead,
+       coalesce(s.cancelled, 0) AS cancelled, s.oldest_ready_age, coalesce(s.done_last_minute, 0) AS done_last_minute,
+       p.queue IS NOT NULL AS paused
+  FROM (SELECT j.queue,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS ready,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()) AS scheduled,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running') AS running,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'running' AND j.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS expired_leases,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'done') AS done,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'dead') AS dead,
+               pg_catalog.count(*) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'cancelled') AS cancelled,
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                   -- A run_at of -infinity (stored before such times were refused) counts from the job's created_at.
+                   pg_catalog.min(CASE WHEN pg_catalog.isfinite(j.run_at) THEN j.run_at ELSE j.created_at END) FILTER (WHERE j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()) AS oldest_ready_age,
+               pg_catalog.count(*) FILTER (WHERE j.finished_at OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')
+                                            AND j.status OPERATOR(pg_catalog.=) 'done') AS done_last_minute
+          FROM pglockkit.jobs j
+         GROUP BY j.queue) s
+  FULL JOIN pglockkit.paused_queues p ON p.queue OPERATOR(pg_catalog.=) s.queue;
+COMMENT ON VIEW pglockkit.queue_stats IS
+    'Per queue: jobs ready, scheduled for later, running, with expired leases (workers gone), done, dead, cancelled; the age of the oldest ready job (lag: since its run_at, or its created_at for a run_at of -infinity), jobs done in the last minute, and whether the queue is paused (pause_queue; a paused queue without jobs has a row of zeros). Scans the table: for dashboards, not hot paths.';
+
+CREATE VIEW pglockkit.rate_limits AS
+SELECT q.queue, q.key, q.rate, q.per, q.burst,
+       GREATEST(q.tat OPERATOR(pg_catalog.-) (q.step OPERATOR(pg_catalog.*) (q.burst OPERATOR(pg_catalog.-) 1)), n.t) AS next_allowed_at,
+       GREATEST(pg_catalog.floor(EXTRACT(epoch FROM (n.t OPERATOR(pg_catalog.+) (q.step OPERATOR(pg_catalog.*) q.burst))
+                                                    OPERATOR(pg_catalog.-) GREATEST(q.tat, n.t))
+                                 OPERATOR(pg_catalog./) EXTRACT(epoch FROM q.step)), 0)::integer AS tokens,
+       (SELECT pg_catalog.count(*) FROM pglockkit.jobs j
+         WHERE j.queue OPERATOR(pg_catalog.=) q.queue AND j.rate_key OPERATOR(pg_catalog.=) q.key
+           AND j.status OPERATOR(pg_catalog.=) 'queued' AND j.run_at OPERATOR(pg_catalog.<=) n.t) AS waiting
+  FROM pglockkit.job_rates q
+ CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS t) n;
+COMMENT ON VIEW pglockkit.rate_limits IS
+    'One row per rate-limited key of a queue (set_rate_limit): rate jobs per per, burst; next_allowed_at, when claim_job may next start a job of the key (now if it may now); tokens, how many it may start at once now; waiting, the key''s due queued jobs.';
+
+CREATE VIEW pglockkit.settings AS
+SELECT 'max_payload_bytes'::text AS name, c.max_payload_bytes::bigint AS value,
+       'The largest job payload enqueue_job and enqueue_jobs accept, in bytes of the uncompressed jsonb value (pg_column_size); 54000 above it. Set with set_max_payload_bytes.'::text AS description
+  FROM pglockkit.config c;
+COMMENT ON VIEW pglockkit.settings IS
+    'pglockkit''s settings, one row each: name, value, what it does. Readable by every pglockkit_user; pglockkit_admin changes them with the set_* functions.';

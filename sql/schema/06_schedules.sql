@@ -187,7 +187,7 @@ AS $$
 DECLARE
     v_day    date := ts::date;
     -- The first minute of the day to consider: ts rounded up to a whole minute.
-    v_min    integer := pg_catalog.ceil(pg_catalog.date_part('epoch', ts OPERATOR(pg_catalog.-) ts::date) / 60.0)::integer;
+    v_min    integer := pg_catalog.ceil(pg_catalog.date_part('epoch', ts - ts::date) / 60.0)::integer;
     v_dom    integer;
     v_next   integer;
     v_hour   integer;
@@ -198,7 +198,7 @@ BEGIN
     -- spec matches within 8 years (29 February), so the bound is never reached.
     FOR i IN 1..100000 LOOP
         IF NOT pg_catalog.date_part('month', v_day)::integer = ANY (spec.months) THEN
-            v_day := (pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month')::date;
+            v_day := (pg_catalog.date_trunc('month', v_day) + interval '1 month')::date;
             v_min := 0;
             CONTINUE;
         END IF;
@@ -211,8 +211,8 @@ BEGIN
                 -- Only the day of the month counts: jump to the next listed day, or the next month.
                 SELECT pg_catalog.min(d) INTO v_next FROM pg_catalog.unnest(spec.days) d WHERE d > v_dom;
                 IF v_next IS NULL OR v_next > pg_catalog.date_part('day',
-                        pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month - 1 day')::integer THEN
-                    v_day := (pg_catalog.date_trunc('month', v_day) OPERATOR(pg_catalog.+) interval '1 month')::date;
+                        pg_catalog.date_trunc('month', v_day) + interval '1 month - 1 day')::integer THEN
+                    v_day := (pg_catalog.date_trunc('month', v_day) + interval '1 month')::date;
                 ELSE
                     v_day := v_day + (v_next - v_dom);
                 END IF;
@@ -227,12 +227,12 @@ BEGIN
         IF v_hour = ANY (spec.hours) THEN
             SELECT pg_catalog.min(m) INTO v_minute FROM pg_catalog.unnest(spec.minutes) m WHERE m >= v_min % 60;
             IF v_minute IS NOT NULL THEN
-                RETURN v_day OPERATOR(pg_catalog.+) pg_catalog.make_time(v_hour, v_minute, 0);
+                RETURN v_day + pg_catalog.make_time(v_hour, v_minute, 0);
             END IF;
         END IF;
         SELECT pg_catalog.min(h) INTO v_hour FROM pg_catalog.unnest(spec.hours) h WHERE h > v_min / 60;
         IF v_hour IS NOT NULL THEN
-            RETURN v_day OPERATOR(pg_catalog.+) pg_catalog.make_time(v_hour, spec.minutes[1], 0);
+            RETURN v_day + pg_catalog.make_time(v_hour, spec.minutes[1], 0);
         END IF;
         v_day := v_day + 1;
         v_min := 0;

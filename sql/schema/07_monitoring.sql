@@ -3,6 +3,75 @@
 -- The current definition of each object, once. A change edits this file and adds a delta
 -- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
+-- (Before the tables: an index of lock_sightings uses it.)
+-- One bigint per advisory lock of advisory_locks (its key, or its int4 pair's two halves; which of
+-- the two is key IS NULL): an equality the planner can hash, where IS NOT DISTINCT FROM on three
+-- columns made sample() compare every sighting with every lock held (300 ms at 1,000 locks) (0017).
+CREATE FUNCTION pglockkit._lock_ident(key bigint, key1 integer, key2 integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT coalesce(key, (key1::int8 << 32) | (key2::int8 & 4294967295));
+END;
+COMMENT ON FUNCTION pglockkit._lock_ident(bigint, integer, integer) IS
+    'Private: one bigint for an advisory lock of advisory_locks: its key, or its int4 pair (key1, key2) packed (tell the two apart by key IS NULL). Inlined.';
+
+CREATE TABLE pglockkit.lock_samples (
+    sampled_at     timestamptz NOT NULL,
+    namespace      text        NOT NULL,
+    key            bigint,
+    key1           integer,
+    key2           integer,
+    holders        integer     NOT NULL,
+    waiters        integer     NOT NULL,
+    longest_wait   interval,
+    holder_queries text[],
+    holder_roles   oid[]
+);
+COMMENT ON TABLE pglockkit.lock_samples IS
+    'One row per advisory lock key per sample() call: holders, waiters, the longest wait, the holders'' queries and, aligned with them, the roles of the sessions that ran them. Readers get it through lock_history and contention_report(), which show a query only to whom pg_stat_activity would.';
+COMMENT ON COLUMN pglockkit.lock_samples.holder_roles IS
+    'The role (pg_stat_activity.usesysid) of the session that ran holder_queries[i]; NULL for a query whose session''s role was not recorded.';
+
+CREATE INDEX lock_samples_time ON pglockkit.lock_samples (sampled_at);
+
+CREATE TABLE pglockkit.queue_samples (
+    sampled_at       timestamptz NOT NULL,
+    queue            text        NOT NULL,
+    ready            bigint      NOT NULL,
+    running          bigint      NOT NULL,
+    oldest_ready_age interval
+);
+COMMENT ON TABLE pglockkit.queue_samples IS 'Queue depth and lag per sample() call.';
+
+CREATE INDEX queue_samples_time ON pglockkit.queue_samples (sampled_at);
+
+-- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
+-- each of its transactions (a session lock leaked on a busy pooled server session never looks
+-- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
+-- held; a lock no longer held at a sample is forgotten (0017).
+CREATE TABLE pglockkit.lock_sightings (
+    pid           integer     NOT NULL,
+    backend_start timestamptz NOT NULL,
+    namespace     text        NOT NULL,
+    key           bigint,
+    key1          integer,
+    key2          integer,
+    first_seen    timestamptz NOT NULL,
+    last_seen     timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.lock_sightings IS
+    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
+-- lock_holds looks each held lock up by its session and key.
+CREATE INDEX lock_sightings_lock ON pglockkit.lock_sightings (pid, pglockkit._lock_ident(key, key1, key2));
+
+-- When sample() last ran: hold times and the history are only as fresh as that, and a sampler
+-- that stopped (a removed pod, a disabled pg_cron job) left no other trace (0017).
+CREATE TABLE pglockkit.sampler (
+    one             boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    last_sampled_at timestamptz NOT NULL
+);
+COMMENT ON TABLE pglockkit.sampler IS
+    'One row once sample() has run: when it last ran. Read it through sampling.';
 CREATE FUNCTION pglockkit._advisory_label(objsubid smallint, classid oid, objid oid) RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -12,9 +81,9 @@ AS $$
         WHEN k.key = 72707369 THEN 'flyway'   -- Flyway's migration lock
         WHEN k.key <= 0 THEN 'unregistered'
         ELSE coalesce((SELECT n.name FROM pglockkit.namespaces n
-                        WHERE n.id OPERATOR(pg_catalog.=) (k.key OPERATOR(pg_catalog.>>) 48)::int4), 'unregistered')
+                        WHERE n.id = (k.key >> 48)::int4), 'unregistered')
     END
-    FROM (SELECT (classid::int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) objid::int8 AS key) k
+    FROM (SELECT (classid::int8 << 32) | objid::int8 AS key) k
 $$;
 COMMENT ON FUNCTION pglockkit._advisory_label(smallint, oid, oid) IS
     'Private: the namespace name of an advisory lock in pg_locks: the registered name, ''flyway'' for Flyway''s key, ''int4 pair'' for two-int keys, else ''unregistered''.';
@@ -27,13 +96,103 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p.gid
       FROM pg_catalog.pg_locks x
-      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction OPERATOR(pg_catalog.=) x.transactionid
-     WHERE x.pid IS NULL AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
-       AND x.virtualtransaction OPERATOR(pg_catalog.=) _prepared_gid.virtualtransaction
+      JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = x.transactionid
+     WHERE x.pid IS NULL AND x.locktype = 'transactionid'
+       AND x.virtualtransaction = _prepared_gid.virtualtransaction
      LIMIT 1
 $$;
 COMMENT ON FUNCTION pglockkit._prepared_gid(text) IS
     'Private: the gid of the prepared transaction whose locks pg_locks lists under this virtualtransaction (NULL if none).';
+
+CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now  timestamptz := pg_catalog.clock_timestamp();
+    v_rows integer;
+BEGIN
+    IF retention IS NULL THEN
+        RAISE EXCEPTION 'retention must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF retention < interval '0' THEN
+        RAISE EXCEPTION 'retention must not be negative, got %', retention USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- One row per (key, query, role) pair is kept as "first" so that the two aggregates below
+    -- list each pair once, in the same order: holder_queries[i] was run by holder_roles[i].
+    -- pg_stat_activity is one snapshot per transaction: the view and the join agree on each pid.
+    INSERT INTO pglockkit.lock_samples (sampled_at, namespace, key, key1, key2, holders, waiters, longest_wait,
+                                        holder_queries, holder_roles)
+    SELECT v_now, h.namespace, h.key, h.key1, h.key2,
+           pg_catalog.count(*) FILTER (WHERE h.granted), pg_catalog.count(*) FILTER (WHERE NOT h.granted),
+           pg_catalog.max(h.wait_time),
+           pg_catalog.array_agg(h.query ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first),
+           pg_catalog.array_agg(h.role ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first)
+      FROM (SELECT al.namespace, al.key, al.key1, al.key2, al.granted, al.wait_time, x.query, a.usesysid AS role,
+                   pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
+                       = 1 AS first
+              FROM pglockkit.advisory_locks al
+              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+              CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
+     GROUP BY h.namespace, h.key, h.key1, h.key2;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- Hold times (0017). Samplers take turns, so that two never add the same sighting. A sighting
+    -- is its session's (pid, backend_start) and the key: the namespace is a label, read from the
+    -- registry, which may change while the lock is held.
+    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
+    INSERT INTO pglockkit.sampler AS s (one, last_sampled_at) VALUES (true, v_now)
+    ON CONFLICT (one) DO UPDATE SET last_sampled_at = excluded.last_sampled_at;
+    -- Rewritten whole at each sample: the locks held now, each with the first_seen of its sighting
+    -- if it had one. A FULL JOIN can only hash or merge, where the planner, estimating one row for
+    -- the locks (a function's), compared every sighting with every lock (300 ms at 1,000 locks).
+    WITH held AS (
+        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
+               al.namespace, al.key, al.key1, al.key2,
+               pglockkit._lock_ident(al.key, al.key1, al.key2) AS ident, al.key IS NULL AS pair
+          FROM pglockkit.advisory_locks al
+          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
+         WHERE al.granted AND al.pid IS NOT NULL
+           AND al.pid <> pg_catalog.pg_backend_pid()  -- not the turn taken above
+    ), seen AS (
+        SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, s.first_seen
+          FROM held h
+          FULL JOIN pglockkit.lock_sightings s
+            ON h.pid = s.pid AND h.backend_start = s.backend_start
+           AND h.ident = pglockkit._lock_ident(s.key, s.key1, s.key2) AND h.pair = (s.key IS NULL)
+    ), cleared AS (
+        DELETE FROM pglockkit.lock_sightings
+    )
+    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
+    SELECT n.pid, n.backend_start, n.namespace, n.key, n.key1, n.key2, coalesce(n.first_seen, v_now), v_now
+      FROM seen n
+     WHERE n.pid IS NOT NULL;  -- a sighting whose lock is no longer held is forgotten
+    INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
+    SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
+    DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at < (v_now - retention);
+    DELETE FROM pglockkit.queue_samples s WHERE s.sampled_at < (v_now - retention);
+    RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION pglockkit.sample(interval) IS
+    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
+
+-- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
+CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF since < interval '0' THEN
+        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
+    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
 
 CREATE VIEW pglockkit.advisory_locks AS
 SELECT CASE WHEN l.objsubid OPERATOR(pg_catalog.=) 2 THEN 'int4 pair'
@@ -175,75 +334,6 @@ SELECT 'prepared transaction', p.gid, NULL, p.owner::text, NULL,
 COMMENT ON VIEW pglockkit.xmin_horizon IS
     'What holds back the xmin horizon, oldest first when ordered by xmin_age DESC: sessions with an open snapshot (idle in transaction above all), replication slots and prepared transactions. While one is old, vacuum cannot remove the queue''s dead rows and claims slow down.';
 
-CREATE TABLE pglockkit.lock_samples (
-    sampled_at     timestamptz NOT NULL,
-    namespace      text        NOT NULL,
-    key            bigint,
-    key1           integer,
-    key2           integer,
-    holders        integer     NOT NULL,
-    waiters        integer     NOT NULL,
-    longest_wait   interval,
-    holder_queries text[],
-    holder_roles   oid[]
-);
-COMMENT ON TABLE pglockkit.lock_samples IS
-    'One row per advisory lock key per sample() call: holders, waiters, the longest wait, the holders'' queries and, aligned with them, the roles of the sessions that ran them. Readers get it through lock_history and contention_report(), which show a query only to whom pg_stat_activity would.';
-COMMENT ON COLUMN pglockkit.lock_samples.holder_roles IS
-    'The role (pg_stat_activity.usesysid) of the session that ran holder_queries[i]; NULL for a query whose session''s role was not recorded.';
-
-CREATE INDEX lock_samples_time ON pglockkit.lock_samples (sampled_at);
-
-CREATE TABLE pglockkit.queue_samples (
-    sampled_at       timestamptz NOT NULL,
-    queue            text        NOT NULL,
-    ready            bigint      NOT NULL,
-    running          bigint      NOT NULL,
-    oldest_ready_age interval
-);
-COMMENT ON TABLE pglockkit.queue_samples IS 'Queue depth and lag per sample() call.';
-
-CREATE INDEX queue_samples_time ON pglockkit.queue_samples (sampled_at);
-
--- One bigint per advisory lock of advisory_locks (its key, or its int4 pair's two halves; which of
--- the two is key IS NULL): an equality the planner can hash, where IS NOT DISTINCT FROM on three
--- columns made sample() compare every sighting with every lock held (300 ms at 1,000 locks) (0017).
-CREATE FUNCTION pglockkit._lock_ident(key bigint, key1 integer, key2 integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-BEGIN ATOMIC
-    SELECT coalesce(key, (key1::int8 << 32) | (key2::int8 & 4294967295));
-END;
-COMMENT ON FUNCTION pglockkit._lock_ident(bigint, integer, integer) IS
-    'Private: one bigint for an advisory lock of advisory_locks: its key, or its int4 pair (key1, key2) packed (tell the two apart by key IS NULL). Inlined.';
-
--- How long a lock has been held: pg_locks does not say, and a session's state age restarts at
--- each of its transactions (a session lock leaked on a busy pooled server session never looks
--- idle for long). sample() keeps, per session and advisory lock it holds, when it first saw it
--- held; a lock no longer held at a sample is forgotten (0017).
-CREATE TABLE pglockkit.lock_sightings (
-    pid           integer     NOT NULL,
-    backend_start timestamptz NOT NULL,
-    namespace     text        NOT NULL,
-    key           bigint,
-    key1          integer,
-    key2          integer,
-    first_seen    timestamptz NOT NULL,
-    last_seen     timestamptz NOT NULL
-);
-COMMENT ON TABLE pglockkit.lock_sightings IS
-    'Per session (pid and backend_start) and advisory lock it holds: the first and the last sample() that saw it held. Read it through lock_holds.';
--- lock_holds looks each held lock up by its session and key.
-CREATE INDEX lock_sightings_lock ON pglockkit.lock_sightings (pid, pglockkit._lock_ident(key, key1, key2));
-
--- When sample() last ran: hold times and the history are only as fresh as that, and a sampler
--- that stopped (a removed pod, a disabled pg_cron job) left no other trace (0017).
-CREATE TABLE pglockkit.sampler (
-    one             boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    last_sampled_at timestamptz NOT NULL
-);
-COMMENT ON TABLE pglockkit.sampler IS
-    'One row once sample() has run: when it last ran. Read it through sampling.';
-
 -- Readers (pg_monitor, pglockkit_user) get the samples through views, like every other view.
 CREATE VIEW pglockkit.lock_history AS
 SELECT s.sampled_at, s.namespace, s.key, s.key1, s.key2, s.holders, s.waiters, s.longest_wait,
@@ -285,96 +375,6 @@ SELECT al.namespace, s.key, s.key1, s.key2, s.pid, al.application_name, al."user
 COMMENT ON VIEW pglockkit.lock_holds IS
     'How long each advisory lock held now had been held by its session at the last sample(): held_for is at least last_seen - held_since (the first sample that saw it), whatever the session did meanwhile (on a busy pool, a leaked session lock''s session never idles long, so idle_lock_holders misses it). A lock let go since, or a session gone, is not listed, even when sample() has stopped running. Empty unless sample() runs. dedicated: as in idle_lock_holders.';
 
-CREATE FUNCTION pglockkit.sample(retention interval DEFAULT '7 days') RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now  timestamptz := pg_catalog.clock_timestamp();
-    v_rows integer;
-BEGIN
-    IF retention IS NULL THEN
-        RAISE EXCEPTION 'retention must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF retention OPERATOR(pg_catalog.<) interval '0' THEN
-        RAISE EXCEPTION 'retention must not be negative, got %', retention USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- One row per (key, query, role) pair is kept as "first" so that the two aggregates below
-    -- list each pair once, in the same order: holder_queries[i] was run by holder_roles[i].
-    -- pg_stat_activity is one snapshot per transaction: the view and the join agree on each pid.
-    INSERT INTO pglockkit.lock_samples (sampled_at, namespace, key, key1, key2, holders, waiters, longest_wait,
-                                        holder_queries, holder_roles)
-    SELECT v_now, h.namespace, h.key, h.key1, h.key2,
-           pg_catalog.count(*) FILTER (WHERE h.granted), pg_catalog.count(*) FILTER (WHERE NOT h.granted),
-           pg_catalog.max(h.wait_time),
-           pg_catalog.array_agg(h.query ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first),
-           pg_catalog.array_agg(h.role ORDER BY h.query, h.role) FILTER (WHERE h.granted AND h.query IS NOT NULL AND h.first)
-      FROM (SELECT al.namespace, al.key, al.key1, al.key2, al.granted, al.wait_time, x.query, a.usesysid AS role,
-                   pg_catalog.row_number() OVER (PARTITION BY al.namespace, al.key, al.key1, al.key2, al.granted, x.query, a.usesysid)
-                       OPERATOR(pg_catalog.=) 1 AS first
-              FROM pglockkit.advisory_locks al
-              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
-              CROSS JOIN LATERAL (SELECT pg_catalog.left(al.query, 200) AS query) x) h
-     GROUP BY h.namespace, h.key, h.key1, h.key2;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    -- Hold times (0017). Samplers take turns, so that two never add the same sighting. A sighting
-    -- is its session's (pid, backend_start) and the key: the namespace is a label, read from the
-    -- registry, which may change while the lock is held.
-    PERFORM pg_catalog.pg_advisory_xact_lock(pglockkit._key(pglockkit._ns_id_from_name('pglockkit'), 'sample'));
-    INSERT INTO pglockkit.sampler AS s (one, last_sampled_at) VALUES (true, v_now)
-    ON CONFLICT (one) DO UPDATE SET last_sampled_at = excluded.last_sampled_at;
-    -- Rewritten whole at each sample: the locks held now, each with the first_seen of its sighting
-    -- if it had one. A FULL JOIN can only hash or merge, where the planner, estimating one row for
-    -- the locks (a function's), compared every sighting with every lock (300 ms at 1,000 locks).
-    WITH held AS (
-        SELECT DISTINCT al.pid, coalesce(a.backend_start, '-infinity') AS backend_start,
-               al.namespace, al.key, al.key1, al.key2,
-               pglockkit._lock_ident(al.key, al.key1, al.key2) AS ident, al.key IS NULL AS pair
-          FROM pglockkit.advisory_locks al
-          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = al.pid
-         WHERE al.granted AND al.pid IS NOT NULL
-           AND al.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()  -- not the turn taken above
-    ), seen AS (
-        SELECT h.pid, h.backend_start, h.namespace, h.key, h.key1, h.key2, s.first_seen
-          FROM held h
-          FULL JOIN pglockkit.lock_sightings s
-            ON h.pid = s.pid AND h.backend_start = s.backend_start
-           AND h.ident = pglockkit._lock_ident(s.key, s.key1, s.key2) AND h.pair = (s.key IS NULL)
-    ), cleared AS (
-        DELETE FROM pglockkit.lock_sightings
-    )
-    INSERT INTO pglockkit.lock_sightings (pid, backend_start, namespace, key, key1, key2, first_seen, last_seen)
-    SELECT n.pid, n.backend_start, n.namespace, n.key, n.key1, n.key2, coalesce(n.first_seen, v_now), v_now
-      FROM seen n
-     WHERE n.pid IS NOT NULL;  -- a sighting whose lock is no longer held is forgotten
-    INSERT INTO pglockkit.queue_samples (sampled_at, queue, ready, running, oldest_ready_age)
-    SELECT v_now, q.queue, q.ready, q.running, q.oldest_ready_age FROM pglockkit.queue_stats q;
-    DELETE FROM pglockkit.lock_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
-    DELETE FROM pglockkit.queue_samples s WHERE s.sampled_at OPERATOR(pg_catalog.<) (v_now OPERATOR(pg_catalog.-) retention);
-    RETURN v_rows;
-END
-$$;
-COMMENT ON FUNCTION pglockkit.sample(interval) IS
-    'Records one snapshot of advisory-lock contention (per key: holders, waiters, longest wait, holders'' queries and their roles) and queue lag, and deletes samples older than retention; returns the lock rows recorded. It also keeps, per session and lock it holds, when a sample first saw it held (lock_holds), and forgets what is no longer held. Runs as the installing role; lock_history shows each reader only the queries it could see live. Call it every few seconds: from pg_cron, or `pglockkit sample --every 5s`.';
-
--- A NULL since (an unset parameter) matched no sample: an empty report, as if nothing contended.
-CREATE FUNCTION pglockkit._invalid_since(since interval) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF since IS NULL THEN
-        RAISE EXCEPTION 'since must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF since < interval '0' THEN
-        RAISE EXCEPTION 'since must not be negative, got %', since USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pglockkit._invalid_since(interval) IS
-    'Private: NULL for a since contention_report accepts; raises 22004 for NULL, 22023 for a negative one.';
-
 CREATE FUNCTION pglockkit.contention_report(since interval DEFAULT '1 hour')
 RETURNS TABLE (namespace text, key bigint, key1 integer, key2 integer, samples bigint,
                samples_with_waiters bigint, max_waiters integer, avg_waiters numeric, longest_wait interval,
@@ -384,16 +384,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH window_ AS (
         SELECT s.* FROM pglockkit.lock_history s
-         WHERE s.sampled_at OPERATOR(pg_catalog.>=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) contention_report.since)
+         WHERE s.sampled_at >= (pg_catalog.clock_timestamp() - contention_report.since)
            AND pglockkit._invalid_since(contention_report.since) IS NULL
     ), per_ns AS (
         -- Per namespace and sample: sessions involved (holding or waiting) vs sessions holding.
         SELECT w.namespace, w.sampled_at,
-               pg_catalog.sum(w.holders OPERATOR(pg_catalog.+) w.waiters) AS sessions, pg_catalog.sum(w.holders) AS holding
+               pg_catalog.sum(w.holders + w.waiters) AS sessions, pg_catalog.sum(w.holders) AS holding
           FROM window_ w GROUP BY w.namespace, w.sampled_at
     ), ns AS (
         SELECT p.namespace, pg_catalog.round(pg_catalog.avg(p.sessions), 2) AS sessions,
-               pg_catalog.round(pg_catalog.avg(p.holding::numeric OPERATOR(pg_catalog./) p.sessions), 3) AS parallelism
+               pg_catalog.round(pg_catalog.avg(p.holding::numeric / p.sessions), 3) AS parallelism
           FROM per_ns p GROUP BY p.namespace
     )
     SELECT w.namespace, w.key, w.key1, w.key2, pg_catalog.count(*),

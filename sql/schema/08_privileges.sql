@@ -108,7 +108,7 @@ $$;
 CREATE FUNCTION pglockkit._admin_only(proname name) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT proname OPERATOR(pg_catalog.=) ANY ('{register_namespace,list_jobs,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
+AS $$ SELECT proname = ANY ('{register_namespace,list_jobs,prune_jobs,prune_leases,prune_runs,retry_dead_jobs,sample,schedule,set_max_payload_bytes,unschedule,set_rate_limit,remove_rate_limit,pause_queue,resume_queue}'::name[]) $$;
 COMMENT ON FUNCTION pglockkit._admin_only(name) IS
     'Private: true for the functions only pglockkit_admin may execute (they change what every worker works with or may store, or delete history).';
 

@@ -3,6 +3,7 @@ bundle and the migration chain build the same schema; an upgrade loses nothing."
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -25,8 +26,49 @@ BUNDLE = ROOT / "sql" / "pglockkit.sql"
 
 
 def _after(migration: str) -> list[str]:
-    """The migrations an install applies to a database that has the chain up to ``migration``."""
-    return [m for m in ALL if m > migration]
+    """The migrations an install applies to a database that has the chain up to ``migration``
+    (the probe's too, where the ``probe`` fixture put them in the chain)."""
+    return [m.id for m in _migrations() if m.id > migration]
+
+
+# Two deltas appended to a copy of the chain, for the tests of how install applies a delta (its
+# lock waits, the role it runs as), whatever the real deltas after the last release do. The first
+# takes the lock an ALTER TABLE of jobs takes and creates a table with a SECURITY DEFINER function
+# that writes it; the second replaces that function, as a later release's delta would.
+PROBE = (
+    """SET LOCAL search_path = pg_catalog, pg_temp;
+LOCK TABLE pglockkit.jobs IN ACCESS EXCLUSIVE MODE;  -- what ALTER TABLE pglockkit.jobs takes
+CREATE TABLE pglockkit.upgrade_probe (n integer);
+CREATE FUNCTION pglockkit.upgrade_probe() RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (1) RETURNING n $$;
+COMMENT ON FUNCTION pglockkit.upgrade_probe() IS 'A test delta''s.';
+CREATE VIEW pglockkit.upgrade_probe_rows AS SELECT n FROM pglockkit.upgrade_probe;
+SELECT pglockkit._grant_privileges();
+""",
+    """SET LOCAL search_path = pg_catalog, pg_temp;
+CREATE OR REPLACE FUNCTION pglockkit.upgrade_probe() RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (2) RETURNING n $$;
+SELECT pglockkit._grant_privileges();
+""",
+)
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch) -> list[str]:
+    """The migration chain with the two PROBE deltas after it, for install and the tests' helpers
+    (a directory of copies that ``migrations_dir`` returns); their ids, in order."""
+    chain = tmp_path / "migrations"
+    chain.mkdir()
+    for path in migrations_dir().glob("*.sql"):
+        (chain / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    ids = [f"{len(ALL) + 1 + i:04d}_upgrade_probe_{'ab'[i]}" for i in range(len(PROBE))]
+    for mid, text in zip(ids, PROBE, strict=True):
+        (chain / f"{mid}.sql").write_text(text, encoding="utf-8")
+    # The module (the package's attribute pglockkit.install is the function).
+    monkeypatch.setattr(importlib.import_module("pglockkit.install"), "migrations_dir", lambda: chain)
+    return ids
 
 
 def _objects(dsn: str) -> list[tuple]:
@@ -514,14 +556,14 @@ def test_search_path_hijack_does_not_reach_the_inlined_run_key_of_run_history(db
         assert reader.execute(status, (run,)).fetchone()[0] == "running"
 
 
-@pytest.mark.parametrize("upto", ALL[:-1])
-def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, upto):
+@pytest.mark.parametrize("upto", ALL)
+def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, probe, upto):
     """Jobs (claimed, keyed, rate-limited, in a paused queue), leases (bound and not), runs and
     schedules written under an earlier version, with their sessions still open across the upgrade,
-    keep working after `install` upgrades the database."""
+    keep working after `install` upgrades the database (the real deltas after ``upto``, then the
+    probe's, so that every start point has something to apply)."""
     dsn = server.dsn(server.create_database())
     _apply_chain(dsn, upto=upto)
-    at = int(upto[:4])
     with psycopg.connect(dsn, autocommit=True) as s:  # a session that lives across the upgrade
         q = lambda sql, *a: s.execute(sql, a).fetchone()  # noqa: E731
         q("SELECT pglockkit.register_namespace('app')")
@@ -535,16 +577,14 @@ def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, 
         free = q("SELECT pglockkit.acquire_lease('free', 'h', '1 minute')")[0]
         bound = q("SELECT pglockkit.acquire_lease('bound', 'h', '1 minute', true)")[0]
         run = q("SELECT pglockkit.start_run('nightly', 's1', 'pod')")[0]
-        if at >= 3:
-            q("SELECT pglockkit.schedule('sch', '* * * * *', 'sq')")
-        if at >= 4:
-            q("SELECT pglockkit.set_rate_limit('rq', 'api', 1, '1 hour')")
-            for _ in range(2):
-                q("SELECT pglockkit.enqueue_job('rq', '{}', rate_key => 'api')")
-            q("SELECT pglockkit.pause_queue('pq')")
-            q("SELECT pglockkit.enqueue_job('pq', '{}')")
+        q("SELECT pglockkit.schedule('sch', '* * * * *', 'sq')")
+        q("SELECT pglockkit.set_rate_limit('rq', 'api', 1, '1 hour')")
+        for _ in range(2):
+            q("SELECT pglockkit.enqueue_job('rq', '{}', rate_key => 'api')")
+        q("SELECT pglockkit.pause_queue('pq')")
+        q("SELECT pglockkit.enqueue_job('pq', '{}')")
 
-        pglockkit.install(dsn)
+        assert pglockkit.install(dsn) == _after(upto) and probe[-1] in _after(upto)
 
         assert q("SELECT pglockkit.complete_job(%s, %s)", *claimed[0])[0] is True
         again = s.execute("SELECT id FROM pglockkit.claim_job('q', 'w', '1 minute')").fetchall()
@@ -553,27 +593,27 @@ def test_an_upgrade_from_every_migration_keeps_the_stored_state_working(server, 
         assert q("SELECT pglockkit.renew_lease('bound', 'h', %s, '1 minute')", bound)[0] is True
         assert q("SELECT pglockkit.finish_run(%s, true)", run)[0] is True
         q("SELECT pglockkit.unlock('app', 'r')")
-        if at >= 3:
-            assert q("SELECT count(*) FROM pglockkit.schedules WHERE name = 'sch'")[0] == 1
-            due = "date_trunc('minute', now()) - interval '1 minute'"
-            s.execute(f"UPDATE pglockkit.job_schedules SET next_run = {due}")
-            assert q("SELECT pglockkit.tick_schedules()")[0] == 1
-        if at >= 4:
-            rq = s.execute("SELECT * FROM pglockkit.claim_job('rq', 'w', '1 minute', 10)").fetchall()
-            assert len(rq) == 1, "the rate limit survived the upgrade"
-            assert s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall() == []
-            q("SELECT pglockkit.resume_queue('pq')")
-            assert len(s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall()) == 1
+        assert q("SELECT count(*) FROM pglockkit.schedules WHERE name = 'sch'")[0] == 1
+        due = "date_trunc('minute', now()) - interval '1 minute'"
+        s.execute(f"UPDATE pglockkit.job_schedules SET next_run = {due}")
+        assert q("SELECT pglockkit.tick_schedules()")[0] == 1
+        rq = s.execute("SELECT * FROM pglockkit.claim_job('rq', 'w', '1 minute', 10)").fetchall()
+        assert len(rq) == 1, "the rate limit survived the upgrade"
+        assert s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall() == []
+        q("SELECT pglockkit.resume_queue('pq')")
+        assert len(s.execute("SELECT * FROM pglockkit.claim_job('pq', 'w')").fetchall()) == 1
     _kit_works(dsn)
 
 
-def test_an_upgrade_blocked_by_a_long_worker_transaction_does_not_stall_every_claim(server):
-    """0004 alters pglockkit.jobs. A worker whose handler runs in a transaction (handler(job, conn))
+def test_an_upgrade_blocked_by_a_long_worker_transaction_does_not_stall_every_claim(server, probe):
+    """A delta that alters pglockkit.jobs (the probe's first takes its lock). A worker whose
+    handler runs in a transaction (handler(job, conn))
     holds a lock on jobs until it commits; an upgrade that waits for that lock without a timeout
     queues every other claimer behind it, of every queue, for as long as the handler runs, and
     `install(lock_timeout_s=...)` does not bound the wait."""
     dsn = server.dsn(server.create_database())
-    _apply_chain(dsn, upto="0003_schedules")
+    last = ALL[-1]
+    _apply_chain(dsn, upto=last)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pglockkit.enqueue_job('slow', '{}')")
         conn.execute("SELECT pglockkit.enqueue_job('other', '{}')")
@@ -609,10 +649,10 @@ def test_an_upgrade_blocked_by_a_long_worker_transaction_does_not_stall_every_cl
         t.join(60)
     [error] = outcome
     assert isinstance(error, pglockkit.LockTimeout) and error.sqlstate == "55P03", error
-    assert "migration 0004_rate_limits_and_pause could not take a lock" in str(error)
+    assert f"migration {probe[0]} could not take a lock" in str(error)
     assert "pglockkit.lock_waits" in error.hint
-    # Nothing of 0004 was applied; once the handler's transaction has ended, install finishes.
-    assert pglockkit.install(dsn) == [m for m in ALL if m > "0003_schedules"]
+    # Nothing of the probe was applied; once the handler's transaction has ended, install finishes.
+    assert pglockkit.install(dsn) == _after(last) == probe
     _kit_works(dsn)
 
 
@@ -630,7 +670,7 @@ def test_status_of_a_bundle_install_shows_every_migration_applied(server):
     assert f"{len(ALL)} applied, 0 pending" in cli.stdout
 
 
-def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, monkeypatch):
+def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, probe, monkeypatch):
     """libpq's environment is how install may be pointed at a database (docs/install.md), and
     PGOPTIONS="-c role=OWNER" is how a login role installs objects owned by the role that owns
     the kit. _backend now always passes an `options` connection parameter (lock_timeout), which
@@ -646,9 +686,9 @@ def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, mon
         with psycopg.connect(server.dsn(), autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{name}" OWNER TO {owner}')
         dsn = server.dsn(name)
-        _apply_chain(make_conninfo(dsn, options=f"-c role={owner}"), upto="0013_job_lease_positive_in_effect")
+        _apply_chain(make_conninfo(dsn, options=f"-c role={owner}"), upto=ALL[-1])
         monkeypatch.setenv("PGOPTIONS", f"-c role={owner}")
-        assert pglockkit.install(dsn) == [m for m in ALL if m > "0013_job_lease_positive_in_effect"]
+        assert pglockkit.install(dsn) == probe
         with psycopg.connect(dsn, autocommit=True) as conn:
             owners = conn.execute(
                 "SELECT DISTINCT proowner::regrole::text FROM pg_proc"
@@ -663,15 +703,15 @@ def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, mon
 
 
 @pytest.mark.parametrize("upgrader", ["superuser", "member"])
-def test_an_upgrade_run_by_a_member_of_the_owner_or_a_superuser_leaves_sample_working(
-    server, empty_db, upgrader
+def test_an_upgrade_run_by_a_member_of_the_owner_or_a_superuser_leaves_definers_working(
+    server, empty_db, probe, upgrader
 ):
     """NotOwner (2840f89) lets 'the owner, a member of its role, or a superuser' install, and
-    docs/install.md says a member of the owner's role runs every later install. install does not
-    SET ROLE to the owner: what a migration creates is owned by whoever ran it. 0017 creates the
-    table lock_sightings, which sample() (SECURITY DEFINER, still the owner's) writes: after an
-    upgrade by a superuser or a member, sample() fails with 42501 for every caller, so the
-    contention history, the queue lag history and the new hold times all stop."""
+    docs/install.md says a member of the owner's role runs every later install. Without SET ROLE
+    to the owner, what a migration creates is owned by whoever ran it: a delta's new table, which
+    a SECURITY DEFINER function of the owner's writes (as 0017's lock_sightings was for sample(),
+    before 0.1.0), fails that function with 42501 for every caller after an upgrade by a
+    superuser or a member. The probe's first delta is such a table and function."""
     dbname = conninfo_to_dict(empty_db)["dbname"]
     owner, deployer = f"up_owner_{upgrader}", f"up_deployer_{upgrader}"
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
@@ -682,20 +722,20 @@ def test_an_upgrade_run_by_a_member_of_the_owner_or_a_superuser_leaves_sample_wo
         conn.execute(f"CREATE ROLE {deployer} LOGIN IN ROLE {owner}")
     try:
         owner_dsn = make_conninfo(empty_db, user=f"{owner}")
-        _apply_chain(owner_dsn, upto="0016_schedules_and_rate_waits")  # installed by the owner, before 0017
+        _apply_chain(owner_dsn, upto=ALL[-1])  # installed by the owner, before the probe
         upgrade_dsn = empty_db if upgrader == "superuser" else make_conninfo(empty_db, user=f"{deployer}")
-        assert pglockkit.install(upgrade_dsn) == _after("0016_schedules_and_rate_waits")
+        assert pglockkit.install(upgrade_dsn) == probe
         with psycopg.connect(owner_dsn, autocommit=True) as conn:
             owners = conn.execute(
                 "SELECT relname, relowner::regrole::text FROM pg_class "
-                "WHERE relnamespace = 'pglockkit'::regnamespace"
-                " AND relname IN ('lock_sightings', 'lock_samples')"
-                " ORDER BY 1"
+                "WHERE relnamespace = 'pglockkit'::regnamespace AND relname = 'upgrade_probe'"
             ).fetchall()
+            assert owners == [("upgrade_probe", owner)]
             try:
+                assert conn.execute("SELECT pglockkit.upgrade_probe()").fetchone()[0] == 2
                 conn.execute("SELECT pglockkit.sample()")
             except psycopg.errors.InsufficientPrivilege as exc:
-                pytest.fail(f"sample() after an upgrade by the {upgrader}: {exc}; owners {owners}")
+                pytest.fail(f"a definer after an upgrade by the {upgrader}: {exc}; owners {owners}")
     finally:
         with psycopg.connect(empty_db, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {deployer}, {owner}")
@@ -726,7 +766,7 @@ def _apply_chain_as_connected(dsn: str, upto: str) -> None:
 @pytest.mark.parametrize("action", ["install", "uninstall"])
 @pytest.mark.parametrize("upgrader", ["superuser", "member"])
 def test_install_and_uninstall_as_the_owner_on_a_kit_an_earlier_upgrade_left_partly_theirs(
-    server, empty_db, upgrader, action
+    server, empty_db, probe, upgrader, action
 ):
     """Before dcef8a9 an upgrade by a superuser or a member of the owner's role left what its
     migrations created theirs (the very case 0017's lock_sightings showed). install now SETs ROLE
@@ -744,8 +784,8 @@ def test_install_and_uninstall_as_the_owner_on_a_kit_an_earlier_upgrade_left_par
     try:
         owner_dsn = make_conninfo(empty_db, user=owner)
         upgrade_dsn = empty_db if upgrader == "superuser" else make_conninfo(empty_db, user=deployer)
-        _apply_chain(owner_dsn, upto="0011_schedule_and_rate_limit_fixes")
-        _apply_chain_as_connected(upgrade_dsn, upto="0016_schedules_and_rate_waits")
+        _apply_chain(owner_dsn, upto=ALL[-1])
+        _apply_chain_as_connected(upgrade_dsn, upto=probe[0])
         with psycopg.connect(empty_db, autocommit=True) as conn:
             theirs = conn.execute(
                 "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pglockkit'::regnamespace"
@@ -755,8 +795,9 @@ def test_install_and_uninstall_as_the_owner_on_a_kit_an_earlier_upgrade_left_par
         assert theirs > 0, "the setup made nothing of the upgrader's"
         try:
             if action == "install":
-                assert pglockkit.install(upgrade_dsn) == _after("0016_schedules_and_rate_waits")
+                assert pglockkit.install(upgrade_dsn) == probe[1:]
                 with psycopg.connect(owner_dsn, autocommit=True) as conn:
+                    assert conn.execute("SELECT pglockkit.upgrade_probe()").fetchone()[0] == 2
                     conn.execute("SELECT pglockkit.sample()")
             else:
                 assert pglockkit.uninstall(upgrade_dsn).schemas == ["pglockkit", "pglockkit_migrations"]
