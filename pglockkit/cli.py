@@ -26,6 +26,7 @@ from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import PglockkitError
 from pglockkit.install import grant, install, status, uninstall
+from pglockkit.releases import RELEASES, release_of
 from pglockkit.retry import TICK_BACKOFF_CAP
 from pglockkit.worker import Worker
 
@@ -120,7 +121,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     for st in states:
         print(f"{'applied' if st.applied else 'pending'}  {st.id}")
     pending = sum(not st.applied for st in states)
-    print(f"{len(states) - pending} applied, {pending} pending")
+    applied = [st.id for st in states if st.applied]
+    at = release_of(applied)
+    after = sum(st.id > RELEASES[at] for st in states if st.applied) if at else 0
+    where = "at no release"
+    if at:
+        where = f"at release {at}" + (f" and {after} migration(s) after it" if after else "")
+    print(f"{len(states) - pending} applied, {pending} pending ({where})")
     return 0
 
 

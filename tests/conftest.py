@@ -24,6 +24,7 @@ pyproject.toml): ``scenarios.py``, ``queue_handlers.py``, ``pg_ctl_unprivileged.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import shlex
 import sys
@@ -40,6 +41,10 @@ from pytest_postgresql import factories
 
 import pglockkit
 from pglockkit import embedded
+from pglockkit.install import migrations_dir
+
+# The module (the package's attribute pglockkit.install is the function).
+install_module = importlib.import_module("pglockkit.install")
 
 HERE = Path(__file__).resolve().parent
 SERVERS = ("pg15", "pg18")
@@ -243,3 +248,45 @@ def as_role(server: Server, db: Db, request: pytest.FixtureRequest):
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
         for role in reversed(roles):
             admin.execute(f"DROP ROLE {role}")
+
+
+# --- an upgrade with a delta to apply ------------------------------------------------------------
+
+# Two deltas appended to a copy of the chain, for the tests of how install applies a delta (its
+# lock waits, the role it runs as), whatever the real deltas after the last release do. The first
+# takes the lock an ALTER TABLE of jobs takes and creates a table with a SECURITY DEFINER function
+# that writes it; the second replaces that function, as a later release's delta would.
+PROBE = (
+    """SET LOCAL search_path = pg_catalog, pg_temp;
+LOCK TABLE pglockkit.jobs IN ACCESS EXCLUSIVE MODE;  -- what ALTER TABLE pglockkit.jobs takes
+CREATE TABLE pglockkit.upgrade_probe (n integer);
+CREATE FUNCTION pglockkit.upgrade_probe() RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (1) RETURNING n $$;
+COMMENT ON FUNCTION pglockkit.upgrade_probe() IS 'A test delta''s.';
+CREATE VIEW pglockkit.upgrade_probe_rows AS SELECT n FROM pglockkit.upgrade_probe;
+SELECT pglockkit._grant_privileges();
+""",
+    """SET LOCAL search_path = pg_catalog, pg_temp;
+CREATE OR REPLACE FUNCTION pglockkit.upgrade_probe() RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (2) RETURNING n $$;
+SELECT pglockkit._grant_privileges();
+""",
+)
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch) -> list[str]:
+    """The migration chain with the two PROBE deltas after it, for install and the tests' helpers
+    (a directory of copies that ``migrations_dir`` returns); their ids, in order."""
+    chain = tmp_path / "migrations"
+    chain.mkdir()
+    for path in migrations_dir().glob("*.sql"):
+        (chain / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    real = sorted(p.stem for p in migrations_dir().glob("*.sql"))
+    ids = [f"{len(real) + 1 + i:04d}_upgrade_probe_{'ab'[i]}" for i in range(len(PROBE))]
+    for mid, text in zip(ids, PROBE, strict=True):
+        (chain / f"{mid}.sql").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(install_module, "migrations_dir", lambda: chain)
+    return ids

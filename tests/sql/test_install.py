@@ -3,7 +3,6 @@ bundle and the migration chain build the same schema; an upgrade loses nothing."
 
 from __future__ import annotations
 
-import importlib
 import re
 import subprocess
 import sys
@@ -29,46 +28,6 @@ def _after(migration: str) -> list[str]:
     """The migrations an install applies to a database that has the chain up to ``migration``
     (the probe's too, where the ``probe`` fixture put them in the chain)."""
     return [m.id for m in _migrations() if m.id > migration]
-
-
-# Two deltas appended to a copy of the chain, for the tests of how install applies a delta (its
-# lock waits, the role it runs as), whatever the real deltas after the last release do. The first
-# takes the lock an ALTER TABLE of jobs takes and creates a table with a SECURITY DEFINER function
-# that writes it; the second replaces that function, as a later release's delta would.
-PROBE = (
-    """SET LOCAL search_path = pg_catalog, pg_temp;
-LOCK TABLE pglockkit.jobs IN ACCESS EXCLUSIVE MODE;  -- what ALTER TABLE pglockkit.jobs takes
-CREATE TABLE pglockkit.upgrade_probe (n integer);
-CREATE FUNCTION pglockkit.upgrade_probe() RETURNS integer
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (1) RETURNING n $$;
-COMMENT ON FUNCTION pglockkit.upgrade_probe() IS 'A test delta''s.';
-CREATE VIEW pglockkit.upgrade_probe_rows AS SELECT n FROM pglockkit.upgrade_probe;
-SELECT pglockkit._grant_privileges();
-""",
-    """SET LOCAL search_path = pg_catalog, pg_temp;
-CREATE OR REPLACE FUNCTION pglockkit.upgrade_probe() RETURNS integer
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ INSERT INTO pglockkit.upgrade_probe VALUES (2) RETURNING n $$;
-SELECT pglockkit._grant_privileges();
-""",
-)
-
-
-@pytest.fixture
-def probe(tmp_path, monkeypatch) -> list[str]:
-    """The migration chain with the two PROBE deltas after it, for install and the tests' helpers
-    (a directory of copies that ``migrations_dir`` returns); their ids, in order."""
-    chain = tmp_path / "migrations"
-    chain.mkdir()
-    for path in migrations_dir().glob("*.sql"):
-        (chain / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    ids = [f"{len(ALL) + 1 + i:04d}_upgrade_probe_{'ab'[i]}" for i in range(len(PROBE))]
-    for mid, text in zip(ids, PROBE, strict=True):
-        (chain / f"{mid}.sql").write_text(text, encoding="utf-8")
-    # The module (the package's attribute pglockkit.install is the function).
-    monkeypatch.setattr(importlib.import_module("pglockkit.install"), "migrations_dir", lambda: chain)
-    return ids
 
 
 def _objects(dsn: str) -> list[tuple]:
@@ -667,7 +626,7 @@ def test_status_of_a_bundle_install_shows_every_migration_applied(server):
     cli = subprocess.run(
         [sys.executable, "-m", "pglockkit.cli", "status", "--dsn", dsn], capture_output=True, text=True
     )
-    assert f"{len(ALL)} applied, 0 pending" in cli.stdout
+    assert f"{len(ALL)} applied, 0 pending (at release 0.1.0" in cli.stdout
 
 
 def test_an_upgrade_honours_pgoptions_as_the_install_connection_does(server, probe, monkeypatch):
