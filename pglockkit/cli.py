@@ -123,7 +123,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     pending = sum(not st.applied for st in states)
     applied = [st.id for st in states if st.applied]
     at = release_of(applied)
-    after = sum(st.id > RELEASES[at] for st in states if st.applied) if at else 0
+    after = sum(i > RELEASES[at] for i in applied) if at else 0
     where = "at no release"
     if at:
         where = f"at release {at}" + (f" and {after} migration(s) after it" if after else "")

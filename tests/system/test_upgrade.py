@@ -83,7 +83,7 @@ def _released(old: Path, name: str, *args: str) -> subprocess.Popen:
         return track(subprocess.Popen([sys.executable, *args], cwd=old, env=env, stdout=out, stderr=err))
 
 
-def _output(proc: subprocess.Popen | None, old: Path, name: str, stream: str = "err") -> str:
+def _output(old: Path, name: str, stream: str = "err") -> str:
     return (old.parent / f"{name}.{stream}").read_text()
 
 
@@ -187,7 +187,7 @@ def test_an_upgrade_under_load_from_the_last_release_loses_nothing_and_stops_nob
         scheduled = "SELECT count(*) FROM pglockkit.jobs WHERE payload->>'scheduled' = 'true'"
         total = lambda: 2 * JOBS + conn.execute(scheduled).fetchone()[0]  # noqa: E731
         _wait_for(lambda: done() >= total() and done() > 2 * JOBS, 90, "the workers to drain both batches")
-        assert once.wait(30) == 0, _output(once, old, "once")
+        assert once.wait(30) == 0, _output(old, "once")
         again = subprocess.run(
             [sys.executable, *cli, "once", "nightly", "--slot", "2026-12-07", "--dsn", dsn, "--", "false"],
             cwd=old,
@@ -197,13 +197,13 @@ def test_an_upgrade_under_load_from_the_last_release_loses_nothing_and_stops_nob
             timeout=60,
         )
         assert again.returncode == 0 and "skipped" in again.stderr, again.stderr
-        assert holder.wait(60) == 0, _output(holder, old, "holder")
+        assert holder.wait(60) == 0, _output(old, "holder")
         running = {"worker-0": workers[0], "worker-1": workers[1], "scheduler": scheduler}
         for name, proc in running.items():
-            assert proc.poll() is None, f"{name} stopped by itself: {_output(proc, old, name)}"
+            assert proc.poll() is None, f"{name} stopped by itself: {_output(old, name)}"
             proc.send_signal(signal.SIGTERM)
         for name, proc in running.items():
-            assert proc.wait(30) == 0, f"{name}: {_output(proc, old, name)}"
+            assert proc.wait(30) == 0, f"{name}: {_output(old, name)}"
 
         # Nothing lost, nothing done twice; every claim's token new.
         jobs = conn.execute(
@@ -226,11 +226,11 @@ def test_an_upgrade_under_load_from_the_last_release_loses_nothing_and_stops_nob
             "SELECT count(*) FROM pglockkit.runs WHERE job = 'nightly' AND status = 'succeeded'"
         )
         assert runs.fetchone()[0] == 1
-    out = _output(holder, old, "holder", "out")
+    out = _output(old, "holder", "out")
     assert f"pglockkit {old}" in out, f"the lease holder did not run the released package: {out[:200]}"
     tokens = [int(line.split()[1]) for line in out.splitlines() if line.startswith("acquired ")]
     assert len(tokens) >= 3 and tokens == sorted(set(tokens)), f"lease tokens: {tokens}"
     assert marker.read_text() == "ran\n", "the once command ran more than once"
     for name in names:
-        err = _output(None, old, name)
+        err = _output(old, name)
         assert "Traceback" not in err, f"{name}: {err}"
