@@ -168,6 +168,22 @@ def statement(text: str) -> Call[None]:
     return Call(text, decode=_nothing)
 
 
+# A worker's transaction stays open while its handlers run, and the server sees it idle in
+# transaction whenever a handler waits outside the database (an API, a model, a sleep). A
+# server's, database's or role's idle_in_transaction_session_timeout (set against bloat, and by
+# managed services) ended the lane's session then: the group rolled back, its jobs came back only
+# by their lease, each losing an attempt, and the next group did the same. The worker turns it off
+# for its own transactions, as SET LOCAL: it ends with the transaction, so a pooler's server
+# session and the worker's other statements keep the server's value. The job's lease, not this
+# timeout, tells when a worker has gone silent.
+KEEP_OPEN = "SET LOCAL idle_in_transaction_session_timeout = 0"
+
+
+def begin_worker_transaction() -> Call[None]:
+    """BEGIN and ``KEEP_OPEN`` in one statement string (one round trip, outside a pipeline)."""
+    return Call(f"BEGIN; {KEEP_OPEN}", decode=_nothing)
+
+
 def current_xid() -> Call[str]:
     """The open transaction's id (a worker's group), to ask later whether it committed."""
     return Call("SELECT pg_catalog.pg_current_xact_id()::text")

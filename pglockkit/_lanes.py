@@ -30,6 +30,10 @@ Group commit, exactly once (``handler(job, conn)``)
     heartbeat renews its lease however long it runs, and ``complete_job`` then tells whether the
     claim is still ours (a stale one rolls back). A COMMIT that fails fails the job, with its error.
 
+    Both kinds of transaction turn the server's ``idle_in_transaction_session_timeout`` off for
+    themselves (``SET LOCAL``, ``_calls.KEEP_OPEN``): they are idle, as the server sees them,
+    whenever a handler waits outside the database, and the timeout would end the lane's session.
+
 At least once (``handler(job)``, no connection)
     The handler runs outside any transaction; its completions (and failures) are buffered and
     recorded with the next claim in one transaction per group. A crash before that commit runs
@@ -648,12 +652,17 @@ class Lane:
         # run inside the group: its per-key counts would stay locked, and other claimers wait.
         jobs = list(self.hand)
         results, error = yield Pipeline(
-            [_calls.statement("BEGIN"), _calls.extend_many(jobs, self.s.lease), _calls.current_xid()]
+            [
+                _calls.statement("BEGIN"),
+                _calls.statement(_calls.KEEP_OPEN),  # handlers run in it: see KEEP_OPEN
+                _calls.extend_many(jobs, self.s.lease),
+                _calls.current_xid(),
+            ]
         )
         if error is not None:
             raise error
-        self.group_xid = results[2]
-        if results[1] < len(jobs):  # a claim went stale since it was taken, or a row is busy
+        self.group_xid = results[3]
+        if results[2] < len(jobs):  # a claim went stale since it was taken, or a row is busy
             results, error = yield Pipeline([_calls.extend(job, self.s.lease) for job in jobs])
             if error is not None:  # a job is gone (pruned): leave the hand to the leases
                 self.forget()
@@ -697,7 +706,7 @@ class Lane:
         self.solo = max(0, self.solo - 1)
         self.running.append(job)
         t0 = time.monotonic()
-        outcome: Outcome = yield Handle(job, _calls.statement("BEGIN"), begins=True)
+        outcome: Outcome = yield Handle(job, _calls.begin_worker_transaction(), begins=True)
         self._timed(time.monotonic() - t0)
         began = outcome.used_savepoint
         if outcome.failure is not None:
