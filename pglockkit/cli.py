@@ -236,7 +236,9 @@ def _cell(value: object) -> str:
     if isinstance(value, timedelta):
         # str() of a negative timedelta reads as time left: '-1 day, 23:59:59.5' is -0.5s.
         return fmt.age(value)
-    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+    # A name, an error or a holder may hold a newline or a terminal's escape sequence: escaped, so
+    # that a row stays one line (JSON escapes its own).
+    return json.dumps(value) if isinstance(value, dict | list) else fmt.printable(value)
 
 
 def _print_table(columns: tuple[str, ...], rows: list[dict]) -> None:
@@ -439,7 +441,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     with connect(_dsn(args), autocommit=True) as conn:
         findings = monitor.doctor(
-            conn, idle_after=args.idle_after, lag_after=args.lag_after, held_after=args.held_after
+            conn,
+            idle_after=args.idle_after,
+            lag_after=args.lag_after,
+            held_after=args.held_after,
+            wait_after=args.wait_after,
         )
     print(monitor.render_findings(findings))
     threshold = monitor.SEVERITIES.index(args.fail_on)
@@ -919,6 +925,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="report advisory locks held by sessions idle at least this long (default 30s)",
     )
     p.add_argument(
+        "--wait-after",
+        type=_duration,
+        default=timedelta(seconds=5),
+        metavar="DURATION",
+        help="report a lock convoy: sessions waiting behind one holder, the longest this long "
+        "(default 5s), with the holder's state and query",
+    )
+    p.add_argument(
         "--held-after",
         type=_duration,
         default=timedelta(minutes=10),
@@ -1013,6 +1027,17 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     return parser.parse_args(argv)
 
 
+class OneLineFormatter(logging.Formatter):
+    """A log record's message on one line, escaped as ``fmt.printable`` escapes it: a queue, lease
+    or namespace name, or a handler's error, may hold a newline that would forge the next line,
+    or a terminal's escape sequence. A traceback (``exc_info``) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        escaped = logging.makeLogRecord(record.__dict__)
+        escaped.message = fmt.printable(record.message)
+        return super().formatMessage(escaped)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1028,22 +1053,23 @@ def main(argv: list[str] | None = None) -> int:
     args.run_command = run_command
     if args.command == "rate-limit":
         _check_rate_limit_args(args)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
         return args.func(args)
     except PglockkitError as exc:
         state = f" [{exc.sqlstate}]" if exc.sqlstate else ""  # PoolerDetected has none
-        print(f"pglockkit: error{state}: {exc}", file=sys.stderr)
+        print(f"pglockkit: error{state}: {fmt.printable(exc)}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {fmt.printable(exc.hint)}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
         state = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-        print(f"pglockkit: error{state}: {exc.diag.message_primary or str(exc).strip()}", file=sys.stderr)
+        message = exc.diag.message_primary or str(exc).strip()
+        print(f"pglockkit: error{state}: {fmt.printable(message)}", file=sys.stderr)
         if exc.diag.message_hint:
-            print(f"hint: {exc.diag.message_hint}", file=sys.stderr)
+            print(f"hint: {fmt.printable(exc.diag.message_hint)}", file=sys.stderr)
         return 1
     except embedded.EmbeddedUnavailable as exc:
         print(f"pglockkit: error: {exc}", file=sys.stderr)

@@ -45,13 +45,24 @@ def doctor(
     idle_after: timedelta = timedelta(seconds=30),
     lag_after: timedelta = timedelta(minutes=5),
     held_after: timedelta = timedelta(minutes=10),
+    wait_after: timedelta = timedelta(seconds=5),
 ) -> list[Finding]:
     """Check a database for lock, queue and pooler hazards; returns findings, most severe first.
 
-    Reads the views once, then runs the checks below in this order, each on the rows it needs."""
+    Reads the views once, then runs the checks below in this order, each on the rows it needs.
+    A session at the root of a convoy is reported by the convoy, with its waiters, not again as an
+    idle or long holder."""
+    dbname = conn.info.dbname
+    convoys = _rows(conn, CONVOYS, (wait_after,))
+    roots = {r["root"] for r in convoys}
     findings = [
-        *check_idle_lock_holders(_rows(conn, IDLE_LOCK_HOLDERS), idle_after),
-        *check_long_holds(_rows(conn, LOCK_HOLDS), held_after, idle_after),
+        *check_convoys(convoys, dbname),
+        *check_idle_lock_holders(
+            [r for r in _rows(conn, IDLE_LOCK_HOLDERS) if r["pid"] not in roots], idle_after, dbname
+        ),
+        *check_long_holds(
+            [r for r in _rows(conn, LOCK_HOLDS) if r["pid"] not in roots], held_after, idle_after
+        ),
         *check_sampling(_rows(conn, SAMPLING), held_after),
         *check_unregistered_keys(_rows(conn, UNREGISTERED_KEYS)),
         *check_lock_table_headroom(_rows(conn, LOCK_TABLE)[0]),
@@ -59,7 +70,7 @@ def doctor(
         *check_expired_leases(_rows(conn, EXPIRED_LEASES)),
         *check_xmin_horizon(_rows(conn, XMIN_HORIZON), lag_after),
         *check_prepared_blockers(_rows(conn, PREPARED_BLOCKERS)),
-        *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), conn.info.dbname),
+        *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), dbname),
         *check_pooler(pooler_evidence(conn)),
     ]
     return sorted(findings, key=lambda f: -f.rank())
@@ -102,6 +113,26 @@ XMIN_HORIZON = (
     "ORDER BY xmin_age DESC"
 )
 
+# Per root of a wait chain (a session that holds what others wait for and waits for nothing): how
+# many sessions wait behind it and the longest of their waits, the locks that the ones it blocks
+# itself wait for, and the root's state, how long it has been in it, and its query (as far as the
+# reader may see them: pg_stat_activity's rule). Roots whose longest waiter has waited at least
+# %s. A prepared transaction (root 0) is check_prepared_blockers'.
+CONVOYS = """
+SELECT w.root_blocker AS root, count(*) AS waiting, max(w.wait_time) AS longest,
+       array_agg(DISTINCT coalesce(al.namespace || '/' || coalesce(al.key::text, al.key1 || ',' || al.key2),
+                                   w.relation::text, w.locktype))
+         FILTER (WHERE w.root_blocker = ANY (w.blocked_by)) AS locks,
+       a.application_name, a.state, clock_timestamp() - a.state_change AS state_for, a.query
+  FROM pglockkit.lock_waits w
+  LEFT JOIN pglockkit.advisory_locks al ON al.pid = w.pid AND NOT al.granted
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = w.root_blocker
+ WHERE w.root_blocker IS NOT NULL AND w.root_blocker <> 0
+ GROUP BY w.root_blocker, a.application_name, a.state, a.state_change, a.query
+HAVING max(w.wait_time) >= %s
+ ORDER BY count(*) DESC, max(w.wait_time) DESC
+"""
+
 PREPARED_BLOCKERS = (
     "SELECT g.gid, count(*) AS waiting, max(w.wait_time) AS longest "
     "FROM pglockkit.lock_waits w, unnest(w.prepared_blockers) AS g(gid) GROUP BY g.gid ORDER BY g.gid"
@@ -135,10 +166,36 @@ def _take_guard_finding(r: dict, how: str) -> Finding:
     )
 
 
-def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Finding]:
+def _in_transaction(state: str | None) -> bool:
+    return state is not None and state.startswith("idle in transaction")
+
+
+def _open_transaction_fix(pid: int, dbname: str) -> str:
+    """The fix for a transaction left open: end it where it was opened, have the server end such
+    transactions, or end the session."""
+    return (
+        "Commit or roll back that transaction where it was opened: a transaction lock (xact_lock, "
+        "try_xact_lock) is held until its transaction ends, and pglockkit.unlock cannot release it. "
+        "Have the server end transactions left open: ALTER DATABASE "
+        f"{fmt.sql_ident(dbname)} SET idle_in_transaction_session_timeout = '1min'; or end it now: "
+        f"SELECT pg_terminate_backend({pid});"
+    )
+
+
+def _idle_session_fix(pid: int) -> str:
+    return (
+        "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
+        f"end the session: SELECT pg_terminate_backend({pid});"
+    )
+
+
+def check_idle_lock_holders(rows: list[dict], idle_after: timedelta, dbname: str = "") -> list[Finding]:
     """Sessions holding an advisory lock while idle at least ``idle_after`` (rows of
     ``pglockkit.idle_lock_holders``): a warning, or for a connection a pglockkit client dedicated
-    to the lock (``dedicated``), a note. A lease's take guard is named as such."""
+    to the lock (``dedicated``), a note. A lease's take guard is named as such. A session idle
+    outside a transaction holds a session lock (a transaction's would have ended with it): a leak,
+    on a pool above all. One idle in a transaction holds it because the transaction was left open:
+    only its end, or the session's, frees a transaction lock."""
     findings = []
     for r in rows:
         if r["idle_for"] is None or r["idle_for"] < idle_after:
@@ -147,6 +204,7 @@ def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Fin
             findings.append(_take_guard_finding(r, f"{r['state']} for {fmt.age(r['idle_for'])}"))
             continue
         key = _key_text(r)
+        who = f"pid {r['pid']} ({r['application_name'] or '?'})"
         if r["dedicated"]:
             # sole_writer, run_once, `once`, a session-bound Lease: idle by design while the block
             # runs. Ending the session would free the lock mid-run (a second replica runs it).
@@ -161,16 +219,68 @@ def check_idle_lock_holders(rows: list[dict], idle_after: timedelta) -> list[Fin
                     "keepalives give up.",
                 )
             )
-            continue
+        elif _in_transaction(r["state"]):
+            findings.append(
+                Finding(
+                    "warning",
+                    "transaction left open",
+                    f"{who} holds advisory lock {r['namespace']}/{key} in a transaction left open "
+                    f"({r['state']} for {fmt.age(r['idle_for'])}): its locks are held until it ends",
+                    _open_transaction_fix(r["pid"], dbname),
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "warning",
+                    "idle lock holder",
+                    f"{who} holds advisory lock {r['namespace']}/{key} while idle for "
+                    f"{fmt.age(r['idle_for'])}, outside a transaction, so a session lock: one left on a "
+                    "pooled connection?",
+                    _idle_session_fix(r["pid"]),
+                )
+            )
+    return findings
+
+
+def check_convoys(rows: list[dict], dbname: str = "") -> list[Finding]:
+    """Sessions that others queue behind (rows of ``CONVOYS``: one per root of a wait chain whose
+    longest waiter has waited past the threshold): how many wait and how long, what the root
+    holds, and what it is doing, with the fix that fits: a transaction left open is ended, an idle
+    session's lock released, an active statement shortened or cancelled. No sampling needed."""
+    findings = []
+    for r in rows:
+        pid, state = r["root"], r["state"]
+        locks = ", ".join(r["locks"] or ()) or "a lock"
+        if state is None:
+            doing = "its state is hidden from you (run doctor as a pg_monitor member)"
+        else:
+            doing = f"it is {state} for {fmt.age(r['state_for'])}" + (
+                ": a transaction left open"
+                if _in_transaction(state)
+                else ", outside a transaction, so it holds a session lock"
+                if state == "idle"
+                else ""
+            )
+        said = "last query" if state is not None and state.startswith("idle") else "query"
+        query = f"; {said}: {_cut(r['query'], 200)}" if state is not None and r["query"] else ""
+        if _in_transaction(state):
+            fix = _open_transaction_fix(pid, dbname)
+        elif state == "idle":
+            fix = _idle_session_fix(pid)
+        else:
+            fix = (
+                "Shorten what runs under the lock, or lock per resource instead of one key for all "
+                "(see docs/locks.md); bound the waits (xact_lock's timeout, lock_timeout); or cancel "
+                f"its statement: SELECT pg_cancel_backend({pid});"
+            )
         findings.append(
             Finding(
                 "warning",
-                "idle lock holder",
-                f"pid {r['pid']} ({r['application_name'] or '?'}) holds advisory lock {r['namespace']}/{key} "
-                f"while {r['state']} for {fmt.age(r['idle_for'])}: "
-                "a session lock left on a pooled connection?",
-                "Release it where it was taken (pglockkit.unlock), use transaction locks behind a pool, or "
-                f"end the session: SELECT pg_terminate_backend({r['pid']});",
+                "lock convoy",
+                f"{r['waiting']} session(s) wait behind pid {pid} ({r['application_name'] or '?'}), the "
+                f"longest for {fmt.age(r['longest'])}, on {locks}; {doing}{query}",
+                fix,
             )
         )
     return findings
@@ -279,8 +389,8 @@ def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
                     "info",
                     "paused queue",
                     f"queue {r['queue']} is paused: none of its {r.get('ready', 0)} ready job(s) is claimed",
-                    f"When it may run again: pglockkit resume {r['queue']}  (or SELECT pglockkit.resume_queue"
-                    f"('{r['queue']}');)",
+                    f"When it may run again: {_pglockkit('resume', r['queue'])}  (or SELECT "
+                    f"pglockkit.resume_queue({fmt.sql_literal(r['queue'])});)",
                 )
             )
         if r["dead"]:
@@ -289,8 +399,8 @@ def check_queues(rows: list[dict], lag_after: timedelta) -> list[Finding]:
                     "warning",
                     "dead jobs",
                     f"queue {r['queue']}: {r['dead']} dead job(s)",
-                    f"Inspect last_error (pglockkit jobs {r['queue']} --status dead), fix, then "
-                    f"SELECT pglockkit.retry_dead_jobs('{r['queue']}');",
+                    f"Inspect last_error ({_pglockkit('jobs', r['queue'], '--status', 'dead')}), fix, "
+                    f"then SELECT pglockkit.retry_dead_jobs({fmt.sql_literal(r['queue'])});",
                 )
             )
         if not paused and r["oldest_ready_age"] is not None and r["oldest_ready_age"] >= lag_after:
@@ -354,23 +464,21 @@ def check_prepared_blockers(rows: list[dict]) -> list[Finding]:
     """Prepared transactions holding locks that sessions wait for (``gid``, ``waiting``, ``longest``:
     rows of ``pglockkit.lock_waits``' prepared_blockers). Nothing ends one but COMMIT or ROLLBACK
     PREPARED: not its session (it has none), not a restart."""
-    return [
-        Finding(
-            "error",
-            "prepared transaction blocks sessions",
-            f"prepared transaction {_literal(r['gid'])} holds locks that {r['waiting']} session(s) wait for"
-            f" (the longest for {fmt.age(r['longest'])})",
-            "A prepared transaction outlives its session and a restart: let its transaction manager "
-            f"finish it, or by hand (as its owner or a superuser): COMMIT PREPARED {_literal(r['gid'])}; "
-            f"or ROLLBACK PREPARED {_literal(r['gid'])};",
+    findings = []
+    for r in rows:
+        gid = fmt.sql_literal(r["gid"])
+        findings.append(
+            Finding(
+                "error",
+                "prepared transaction blocks sessions",
+                f"prepared transaction {gid} holds locks that {r['waiting']} session(s) wait for"
+                f" (the longest for {fmt.age(r['longest'])})",
+                "A prepared transaction outlives its session and a restart: let its transaction manager "
+                f"finish it, or by hand (as its owner or a superuser): COMMIT PREPARED {gid}; "
+                f"or ROLLBACK PREPARED {gid};",
+            )
         )
-        for r in rows
-    ]
-
-
-def _literal(text: str) -> str:
-    """``text`` as an SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
+    return findings
 
 
 def check_lock_timeouts(rows: list[dict], dbname: str) -> list[Finding]:
@@ -381,7 +489,8 @@ def check_lock_timeouts(rows: list[dict], dbname: str) -> list[Finding]:
             "lock_timeout",
             f"role {r['role']} ({r['why']}) has no lock_timeout in this database: "
             "a blocked statement of it waits forever",
-            f"ALTER ROLE {r['role']} IN DATABASE {dbname} SET lock_timeout = '5s'; "
+            f"ALTER ROLE {fmt.sql_ident(r['role'])} IN DATABASE {fmt.sql_ident(dbname)} "
+            "SET lock_timeout = '5s'; "
             "or set a namespace default (register_namespace(..., lock_timeout => ...)).",
         )
         for r in rows
@@ -540,20 +649,31 @@ def sample(conn: psycopg.Connection, retention: timedelta = timedelta(days=7)) -
     return _calls.run(conn, _calls.sample(retention))
 
 
+def _pglockkit(command: str, operand: str, *options: str) -> str:
+    """A ``pglockkit`` command line to paste: ``operand`` (a name from the database) as one shell
+    word, after ``--`` where it would read as an option."""
+    dashes = ("--",) if operand.startswith("-") else ()
+    return " ".join(["pglockkit", command, *options, *dashes, fmt.shell_word(operand)])
+
+
 def render_findings(findings: list[Finding]) -> str:
+    """Two lines a finding, whatever the names in it hold: its fix's names are quoted where the
+    finding is made, and anything a terminal would not print as itself is escaped here."""
     if not findings:
         return "pglockkit doctor: no findings"
     lines = []
     for f in findings:
-        lines.append(f"[{f.severity.upper()}] {f.check}: {f.message}")
-        lines.append(f"    fix: {f.fix}")
+        lines.append(f"[{f.severity.upper()}] {f.check}: {fmt.printable(f.message)}")
+        lines.append(f"    fix: {fmt.printable(f.fix)}")
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n))
     return "\n".join(lines)
 
 
 def _cut(text: object, width: int) -> str:
-    s = "" if text is None else str(text).replace("\n", " ")
+    """``text`` in at most ``width`` columns, escaped (``fmt.printable``): a name or a query may
+    hold a newline or a terminal's escape sequence."""
+    s = "" if text is None else fmt.printable(text)
     return s if len(s) <= width else s[: width - 1] + "~"
 
 
@@ -566,7 +686,7 @@ def _pids(pids: list[int], prepared: list[str] | None = None) -> str:
 def _prepared(gids: list[str] | None) -> str:
     if not gids:
         return "a prepared transaction"
-    return "prepared transaction " + ", ".join(_literal(g) for g in gids)
+    return "prepared transaction " + ", ".join(fmt.sql_literal(g) for g in gids)
 
 
 def render_top(conn: psycopg.Connection, width: int | None = None) -> str:

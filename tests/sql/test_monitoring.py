@@ -344,7 +344,7 @@ def test_doctor_names_worker_roles_without_lock_timeout(server, db):
         assert out.returncode == 1, out.stdout + out.stderr
         named = _roles_named_for_lock_timeout(out.stdout)
         assert {"lt_zero"} <= named and not {"lt_role", "lt_here", "lt_none"} & named, out.stdout
-        assert "ALTER ROLE lt_zero IN DATABASE" in out.stdout
+        assert 'ALTER ROLE "lt_zero" IN DATABASE' in out.stdout
         with psycopg.connect(server.dsn(), autocommit=True) as admin:
             admin.execute(sql.SQL("ALTER DATABASE {} RESET lock_timeout").format(sql.Identifier(dbname)))
         out = cli("doctor", "--dsn", db.dsn, "--fail-on", "info")

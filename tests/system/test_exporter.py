@@ -45,9 +45,14 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
             continue
         m = SAMPLE.match(line)
         assert m, f"unparsable metrics line: {line!r}"
-        labels = frozenset(LABEL.findall(m["labels"] or ""))
+        labels = frozenset((k, _unescape(v)) for k, v in LABEL.findall(m["labels"] or ""))
         samples[(m["name"], labels)] = float(m["value"])
     return samples
+
+
+def _unescape(value: str) -> str:
+    """A label value as the text format escapes it (backslash, double quote, newline)."""
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), value)
 
 
 class Exporter:
@@ -185,3 +190,15 @@ def test_exporter_shows_holders_waiters_leaks_and_queues(db, exporter):
     assert value(samples, "pglockkit_namespace_waiters", namespace="billing") == 0
     assert value(samples, "pglockkit_lock_waits_waiting") == 0
     assert value(samples, "pglockkit_idle_lock_holders_locks", namespace="billing") == 0
+
+
+def test_a_hostile_queue_name_is_one_label_value_and_forges_no_series(db, exporter):
+    """Any pglockkit_user may name a queue: a name with a quote, a backslash, a newline and text
+    that reads as a sample of its own is one label value of one series per metric, escaped by
+    the exporter as the text format says, and no other series appears."""
+    name = 'mail"} pglockkit_forged 1\n# HELP x\\'
+    db.conn.execute("SELECT pglockkit.enqueue_job(%s, '{}'::jsonb)", (name,))
+    samples = exporter.scrape()
+    assert value(samples, "pglockkit_queue_ready", queue=name) == 1
+    assert not [n for n, _ in samples if "forged" in n]
+    assert value(samples, "pg_exporter_last_scrape_error") == 0
