@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import uuid
@@ -53,6 +54,45 @@ SERVER_OPTIONS = (
     "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
     " -c max_prepared_transactions=4"
 )
+
+
+# Each pytest session's base temp directory, where pytest-postgresql puts the servers' data
+# directories: one of its own, outside pytest's pytest-of-USER. Every pytest session of the same
+# user sets pytest-of-USER back to mode 700, and a root run's servers (run as pglockkit_pg) then
+# could not reach their data: the next checkpoint PANICked, and a developer who ran one test in a
+# second terminal during a full run broke the full run. Nothing else resets a directory of ours.
+RUN_DIR_PREFIX = "pglockkit-tests-"
+RUNS_KEPT = 3  # the latest ended runs' directories (their server logs), for a look after a failure
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own configure reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this session ``$TMPDIR/pglockkit-tests-PID-XXXX/run`` as ``--basetemp``: the parent
+    is ours alone (mode 711: others, the servers' OS user among them, may traverse it but not
+    list it). Not when ``--basetemp`` is given, nor in an xdist worker (its controller hands it a
+    directory under the controller's). Removes the directories of runs whose process has ended,
+    but the latest ``RUNS_KEPT``."""
+    if config.option.basetemp is not None or hasattr(config, "workerinput"):
+        return
+    parent = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
+    parent.chmod(0o711)
+    config.option.basetemp = str(parent / "run")
+    _prune_ended_runs(parent.parent)
+
+
+def _prune_ended_runs(temproot: Path) -> None:
+    ended = []
+    for run in temproot.glob(f"{RUN_DIR_PREFIX}*-*"):
+        try:
+            pid = int(run.name.removeprefix(RUN_DIR_PREFIX).split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:  # its session has ended
+            ended.append(run)
+        except (ValueError, OSError):  # not ours, or its process lives (another user's, maybe)
+            continue
+    ended.sort(key=lambda run: run.stat().st_mtime)
+    for run in ended[:-RUNS_KEPT]:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
