@@ -613,9 +613,14 @@ END;
 COMMENT ON FUNCTION pglockkit.try_lock(text, bigint) IS
     'Session-level try-lock on an integer resource (0 <= id < 2^47). See try_lock(text, text).';
 
+-- client_min_messages: pg_advisory_unlock of a lock this session does not hold sends its own
+-- WARNING ("you don't own a lock of type ExclusiveLock") before returning false; the caller gets
+-- the 55000 below, which says what happened, and nothing else. Looking in pg_locks first instead
+-- would read every lock of the server on each unlock.
 CREATE FUNCTION pglockkit._unlock(ns text, label text, key bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET client_min_messages = error
 AS $$
 BEGIN
     IF NOT pg_catalog.pg_advisory_unlock(key) THEN
@@ -4486,6 +4491,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_unlock_without_warning');
 
 COMMIT;

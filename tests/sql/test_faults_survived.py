@@ -386,3 +386,29 @@ def test_doctor_reports_no_convoy_for_waits_shorter_than_wait_after(db, ns):
             thread.join(10)
             conn.close()
     assert "lock convoy" not in out, out
+
+
+# --- unlock of a lock not held ----------------------------------------------------------------
+
+
+def test_unlock_of_a_lock_not_held_sends_its_error_alone_not_the_servers_warning_first(db, ns):
+    """``unlock`` of a lock not held raises 55000, as documented, but the server's own ``WARNING:
+    you don't own a lock of type ExclusiveLock`` reached the client first (ruby-pg printed it):
+    the noise that teaches people to ignore lock messages. Now the error comes alone, whatever
+    the session's client_min_messages, which the call leaves as it was."""
+    notices: list[str] = []
+    with db.connect() as conn, db.connect() as other:
+        conn.add_notice_handler(lambda diag: notices.append(f"{diag.severity}: {diag.message_primary}"))
+        conn.execute("SET client_min_messages = debug1")
+        assert other.execute("SELECT pglockkit.try_lock(%s, 'theirs')", (ns,)).fetchone() == (True,)
+        for resource in ("never-taken", "theirs"):
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="is not held"):
+                conn.execute("SELECT pglockkit.unlock(%s, %s)", (ns, resource))
+        with conn.transaction():  # held by this session, but as a transaction lock
+            conn.execute("SELECT pglockkit.xact_lock(%s, 'mine')", (ns,))
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState), conn.transaction():
+                conn.execute("SELECT pglockkit.unlock(%s, 'mine')", (ns,))
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+            conn.execute("SELECT pglockkit.unlock(%s, 42::bigint)", (ns,))
+        assert conn.execute("SHOW client_min_messages").fetchone() == ("debug1",)
+    assert not [n for n in notices if n.startswith("WARNING")], notices
