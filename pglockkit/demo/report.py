@@ -90,30 +90,45 @@ def environment(dsn_label: str, server: str) -> dict[str, Any]:
 
 
 def plot(steps: list[Step], path: Path) -> None:
-    """Throughput against agents for the three designs, with each design's ideal (1-agent x N)."""
+    """``figure(steps)``, saved as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(steps)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(steps: list[Step]):
+    """Throughput against agents for the three designs, with the ideal (the queue's 1-agent rate x
+    N). Both axes are logarithmic and say so: the agent counts double (1, 2, 4, 8, 16), so a log
+    axis spaces them evenly, and on a log-log plot the ideal is a straight line, a design that
+    scales runs parallel to it and one that serializes is flat. (On a log x and a linear y axis
+    the ideal curved upwards, and scaling read as its opposite.)"""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for design, style in zip(DESIGNS, ("o-", "s-", "^-"), strict=True):
         mine = sorted((s for s in steps if s.design == design), key=lambda s: s.agents)
         ax.plot([s.agents for s in mine], [s.jobs_s for s in mine], style, label=TITLES[design])
-    base = [s for s in steps if s.design == "queue"]
-    one = next((s.jobs_s for s in base if s.agents == 1), None)
+    counts = sorted({s.agents for s in steps})
+    one = next((s.jobs_s for s in steps if s.design == "queue" and s.agents == 1), None)
     if one:
-        counts = sorted({s.agents for s in steps})
-        ax.plot(
-            counts, [one * n for n in counts], ":", color="grey", label="ideal (queue's 1-agent rate x N)"
-        )
+        ideal = [one * n for n in counts]
+        ax.plot(counts, ideal, ":", color="grey", label="ideal (queue's 1-agent rate x N)")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({s.agents for s in steps}), [str(n) for n in sorted({s.agents for s in steps})])
-    ax.set_xlabel("agents")
-    ax.set_ylabel("jobs/s")
+    ax.set_yscale("log")
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.set_xlabel("agents (log scale)")
+    ax.set_ylabel("jobs/s (log scale)")
     ax.set_title("pglockkit demo: one global lock vs SKIP LOCKED queue vs sharded keys")
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
