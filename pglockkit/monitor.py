@@ -121,9 +121,10 @@ XMIN_HORIZON = (
 CONVOYS = """
 SELECT w.root_blocker AS root, count(*) AS waiting, max(w.wait_time) AS longest,
        array_agg(DISTINCT coalesce(al.namespace || '/' || coalesce(al.key::text, al.key1 || ',' || al.key2),
-                                   w.relation::text, w.locktype))
+                                   w.relation::text, w.locktype || ' lock'))
          FILTER (WHERE w.root_blocker = ANY (w.blocked_by)) AS locks,
-       a.application_name, a.state, clock_timestamp() - a.state_change AS state_for, a.query
+       a.application_name, a.state, clock_timestamp() - a.state_change AS state_for, a.query,
+       coalesce(a.application_name ~ '^pglockkit (sole_writer|run|lease) ', false) AS dedicated
   FROM pglockkit.lock_waits w
   LEFT JOIN pglockkit.advisory_locks al ON al.pid = w.pid AND NOT al.granted
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = w.root_blocker
@@ -177,7 +178,8 @@ def _open_transaction_fix(pid: int, dbname: str) -> str:
         "Commit or roll back that transaction where it was opened: a transaction lock (xact_lock, "
         "try_xact_lock) is held until its transaction ends, and pglockkit.unlock cannot release it. "
         "Have the server end transactions left open: ALTER DATABASE "
-        f"{fmt.sql_ident(dbname)} SET idle_in_transaction_session_timeout = '1min'; or end it now: "
+        f"{fmt.sql_ident(dbname) if dbname else '<database>'} SET idle_in_transaction_session_timeout "
+        "= '1min'; or end it now: "
         f"SELECT pg_terminate_backend({pid});"
     )
 
@@ -264,7 +266,15 @@ def check_convoys(rows: list[dict], dbname: str = "") -> list[Finding]:
             )
         said = "last query" if state is not None and state.startswith("idle") else "query"
         query = f"; {said}: {_cut(r['query'], 200)}" if state is not None and r["query"] else ""
-        if _in_transaction(state):
+        if r["dedicated"]:
+            # sole_writer, run_once, `once`, a session-bound Lease: held for the caller's block by
+            # design; ending the session would free the lock mid-run.
+            fix = (
+                "It holds the lock for its caller's block, by design: do not end it (the lock would be "
+                "free mid-run). Those waiting for it should not wait: try_lock (as sole_writer's rivals "
+                "do), or bound the wait (xact_lock's timeout)."
+            )
+        elif _in_transaction(state):
             fix = _open_transaction_fix(pid, dbname)
         elif state == "idle":
             fix = _idle_session_fix(pid)

@@ -149,6 +149,13 @@ pg18_proc = factories.postgresql_proc(
     executable=_pg_ctl("pg18"), load=[_install_template], postgres_options=SERVER_OPTIONS
 )
 pg15_client = factories.postgresql("pg15_proc")
+# A PG 15 server with Debian's pg_cron preloaded (postgresql-15-cron), its jobs run by background
+# workers in the postgres database: for tests/system/test_pg_cron.py alone, started only there.
+pg15_cron_proc = factories.postgresql_proc(
+    executable=_pg_ctl("pg15"),
+    postgres_options=SERVER_OPTIONS
+    + " -c shared_preload_libraries=pg_cron -c cron.database_name=postgres -c cron.use_background_workers=on",
+)
 pg18_client = factories.postgresql("pg18_proc")
 
 

@@ -8,6 +8,7 @@ from pglockkit import monitor
 from pglockkit.monitor import (
     Finding,
     PoolerEvidence,
+    check_convoys,
     check_expired_leases,
     check_idle_lock_holders,
     check_lock_table_headroom,
@@ -55,6 +56,44 @@ def test_idle_lock_holders_from_the_threshold_on():
         "pid 6 (pglockkit run nightly) holds advisory lock billing/42 for its caller"
     )
     assert "pg_terminate_backend" not in note.fix
+
+
+def convoy(state: str | None, **extra) -> dict:
+    return {
+        "root": 11,
+        "waiting": 3,
+        "longest": timedelta(seconds=35.3),
+        "locks": ["billing/907063020037357494"],
+        "application_name": "invoice-job",
+        "state": state,
+        "state_for": timedelta(seconds=36),
+        "query": "SELECT pglockkit.xact_lock('billing', 'invoice:7')",
+        "dedicated": False,
+        **extra,
+    }
+
+
+def test_a_convoys_fix_fits_what_its_root_is_doing():
+    """A transaction left open is ended, an idle session's lock released, an active statement
+    cancelled; a lock a pglockkit client holds by design is never to be ended; a root hidden from
+    the reader says so and shows no query."""
+    fixes = {}
+    for state in ("idle in transaction", "idle in transaction (aborted)", "idle", "active", None):
+        [f] = check_convoys([convoy(state)], "app")
+        assert (f.severity, f.check) == ("warning", "lock convoy")
+        assert f.message.startswith("3 session(s) wait behind pid 11 (invoice-job), the longest for 35.3s")
+        assert "on billing/907063020037357494; " in f.message
+        fixes[state] = f.fix
+        assert ("xact_lock('billing'" in f.message) == (state is not None)
+    assert fixes["idle in transaction"].startswith("Commit or roll back")
+    assert fixes["idle in transaction (aborted)"] == fixes["idle in transaction"]
+    assert 'ALTER DATABASE "app" SET idle_in_transaction_session_timeout' in fixes["idle in transaction"]
+    assert fixes["idle"].startswith("Release it where it was taken (pglockkit.unlock)")
+    assert "pg_cancel_backend(11)" in fixes["active"] and "pg_terminate" not in fixes["active"]
+    [hidden] = check_convoys([convoy(None)])
+    assert "its state is hidden from you" in hidden.message
+    [by_design] = check_convoys([convoy("idle", dedicated=True, application_name="pglockkit sole_writer g")])
+    assert "by design: do not end it" in by_design.fix and "pg_terminate" not in by_design.fix
 
 
 def test_lock_table_headroom_is_a_finding_past_half():
