@@ -163,7 +163,8 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "-"
-        print(f"{r['id']:>5}  {r['name']:<24} timeout={timeout!s:<10} {r['description'] or ''}")
+        description = fmt.printable(r["description"] or "")  # free text (the name is checked)
+        print(f"{r['id']:>5}  {r['name']:<24} timeout={timeout!s:<10} {description}")
     return 0
 
 
@@ -176,7 +177,7 @@ def render_namespaces_markdown(rows: list[dict]) -> str:
     for r in rows:
         low = r["id"] << 16
         timeout = fmt.duration(r["lock_timeout"]) if r["lock_timeout"] else "server lock_timeout"
-        desc = (r["description"] or "").replace("|", "\\|").replace("\n", " ")
+        desc = fmt.printable((r["description"] or "").replace("|", "\\|").replace("\n", " "))
         lines.append(f"| {r['id']} | `{r['name']}` | {low}..{low + 0xFFFF} | {timeout} | {desc} |")
     lines.append("")
     lines.append(

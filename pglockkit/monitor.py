@@ -704,7 +704,7 @@ def render_top(conn: psycopg.Connection, width: int | None = None) -> str:
     limits, live leases."""
     width = width or min(shutil.get_terminal_size((80, 24)).columns, 160)
     now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
-    out = [f"pglockkit top  {now:%Y-%m-%d %H:%M:%S}  {conn.info.dbname}", ""]
+    out = [f"pglockkit top  {now:%Y-%m-%d %H:%M:%S}  {fmt.printable(conn.info.dbname)}", ""]
 
     locks = _rows(
         conn,
