@@ -414,6 +414,53 @@ $$;
 COMMENT ON FUNCTION pglockkit.register_namespace(text, integer, text, interval) IS
     'Registers a lock namespace and returns its id (1..32767). Without an id, the id is derived from the name, the same in every database. Idempotent: registering an existing name again returns its id (a non-NULL description or lock_timeout updates it). A name already registered under another id, or an id held by another name, is error 23505 naming the holder.';
 
+-- ---------------------------------------------------------------------------------------------
+-- Fencing tokens (leases, job claims): the epoch in bits 47-62, a sequence's value in bits 0-46.
+-- The epoch is the server's timeline, which grows at every promotion of a standby (and at every
+-- point-in-time recovery). A promotion carries each sequence on from the last value that was
+-- WAL-logged (a sequence logs about 32 values ahead) and reached the standby; with asynchronous
+-- replication, whatever the old primary handed out past it was handed out again. Under the new
+-- timeline every token is above every token of the old one, so none repeats. The timeline is the
+-- one WAL is written on now: pg_walfile_name(pg_current_wal_lsn()) names it from the promotion
+-- on, where pg_control_checkpoint()'s lags until the first checkpoint after it. 16 bits of epoch
+-- keep tokens positive bigints (a timeline past 65535 is refused), 47 of sequence are 1.4e14
+-- tokens per epoch (the sequences stop there, 2200H, rather than run into the epoch's bits).
+-- ---------------------------------------------------------------------------------------------
+CREATE FUNCTION pglockkit._timeline_too_large(timeline bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'timeline % is past the 65535 that fencing tokens can carry', timeline
+        USING ERRCODE = 'program_limit_exceeded';
+END
+$$;
+COMMENT ON FUNCTION pglockkit._timeline_too_large(bigint) IS
+    'Private: raises 54000 for a timeline that fencing tokens cannot carry (bits 47-62).';
+
+CREATE FUNCTION pglockkit._token_epoch() RETURNS bigint
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    -- One expression (the timeline read twice), so that it is inlined into the caller's.
+    SELECT CASE WHEN ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+                     ::bit(32)::bigint < 65536
+                THEN ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+                     ::bit(32)::bigint << 47
+                ELSE pglockkit._timeline_too_large(
+                         ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+                         ::bit(32)::bigint) END;
+END;
+COMMENT ON FUNCTION pglockkit._token_epoch() IS
+    'Private: the current timeline, shifted into the epoch bits of a fencing token (47-62).';
+
+CREATE FUNCTION pglockkit._next_token(seq regclass, previous bigint) RETURNS bigint
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    SELECT GREATEST(pglockkit._token_epoch() | pg_catalog.nextval(seq), previous + 1);
+END;
+COMMENT ON FUNCTION pglockkit._next_token(regclass, bigint) IS
+    'Private: a new fencing token from seq under the current epoch, above previous (the token it replaces, if any), which it exceeds even where the epoch went down (a dump restored into a new cluster starts at timeline 1).';
+
 -- The kit's own namespace (installer mutex and other internal locks).
 INSERT INTO pglockkit.namespaces (id, name, description)
 VALUES (pglockkit._ns_id_from_name('pglockkit'), 'pglockkit', 'pglockkit''s own locks (the installer''s mutex, ...)');
@@ -928,9 +975,9 @@ COMMENT ON TABLE pglockkit.leases IS
 COMMENT ON COLUMN pglockkit.leases.session_key IS
     'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
 
-CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
+CREATE SEQUENCE pglockkit.lease_tokens AS bigint MAXVALUE 140737488355327 NO CYCLE;
 COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
+    'The low 47 bits of leases'' fencing tokens (_next_token puts the epoch above them): drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
 
 -- The longest lease ttl, named once (leases are renewed while held: seconds to minutes).
 CREATE FUNCTION pglockkit._longest_lease_ttl() RETURNS interval
@@ -1064,7 +1111,7 @@ BEGIN
         UPDATE pglockkit.leases l
            SET holder = acquire_lease.holder,
                token = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
-                            THEN l.token ELSE pg_catalog.nextval('pglockkit.lease_tokens') END,
+                            THEN l.token ELSE pglockkit._next_token('pglockkit.lease_tokens', l.token) END,
                acquired_at = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
                                   THEN l.acquired_at ELSE v_now END,
                renewed_at = v_now, expires_at = v_now + acquire_lease.ttl, released_at = NULL,
@@ -1223,7 +1270,7 @@ BEGIN
         -- own. The token is drawn while this transaction holds the row, so it is larger than every
         -- token of this name handed out before, even one whose row was pruned since.
         IF v_token IS NULL THEN
-            v_token := pg_catalog.nextval('pglockkit.lease_tokens');
+            v_token := pglockkit._next_token('pglockkit.lease_tokens', v_row.token);
             v_since := v_now;
         END IF;
         UPDATE pglockkit.leases l
@@ -1656,8 +1703,8 @@ COMMENT ON VIEW pglockkit.run_history IS
 -- The current definition of each object, once. A change edits this file and adds a delta
 -- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
-CREATE SEQUENCE pglockkit.job_tokens AS bigint NO CYCLE;
-COMMENT ON SEQUENCE pglockkit.job_tokens IS 'Fencing tokens of job claims: one per claim, never reused.';
+CREATE SEQUENCE pglockkit.job_tokens AS bigint MAXVALUE 140737488355327 NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.job_tokens IS 'The low 47 bits of job claims'' fencing tokens (_next_token puts the epoch above them): one per claim, never reused.';
 
 CREATE TABLE pglockkit.jobs (
     id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -2170,7 +2217,7 @@ BEGIN
         RETURN QUERY
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+               token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
          WHERE j.id = (
                SELECT r.id
@@ -2192,7 +2239,7 @@ BEGIN
         RETURN QUERY
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+               token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
          WHERE j.id = (
                SELECT r.id
@@ -2234,7 +2281,7 @@ BEGIN
             )
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = (
                    SELECT x.id
@@ -2275,7 +2322,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = ANY (ARRAY(
                    SELECT x.id
@@ -2372,7 +2419,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
@@ -2606,7 +2653,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
              -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.
@@ -4491,6 +4538,6 @@ GRANT EXECUTE ON FUNCTION pglockkit._invalid_since(interval) TO pg_monitor;
 
 CREATE SCHEMA IF NOT EXISTS pglockkit_migrations;
 CREATE TABLE pglockkit_migrations.bundle (migration_id text PRIMARY KEY);
-INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_unlock_without_warning');
+INSERT INTO pglockkit_migrations.bundle VALUES ('0001_baseline'), ('0002_unlock_without_warning'), ('0003_tokens_carry_the_timeline');
 
 COMMIT;

@@ -29,6 +29,16 @@ HERE = Path(__file__).resolve().parent
 _spawned: list[subprocess.Popen] = []
 
 
+# Fencing tokens carry the server's timeline in bits 47-62, above a sequence's value
+# (docs/leases.md, "Tokens"); the tests' servers are fresh clusters, on timeline 1.
+EPOCH = 1 << 47
+
+
+def nth_token(n: int) -> int:
+    """The ``n``-th token a fresh test server hands out for leases (or claims)."""
+    return EPOCH | n
+
+
 def track(proc: subprocess.Popen) -> subprocess.Popen:
     """Have ``proc`` killed when the current test ends, if it is still running then."""
     _spawned.append(proc)

@@ -36,9 +36,9 @@ COMMENT ON TABLE pglockkit.leases IS
 COMMENT ON COLUMN pglockkit.leases.session_key IS
     'For a session-bound lease: the advisory key its holder''s backend keeps locked while it holds the lease (free: the backend is gone).';
 
-CREATE SEQUENCE pglockkit.lease_tokens AS bigint NO CYCLE;
+CREATE SEQUENCE pglockkit.lease_tokens AS bigint MAXVALUE 140737488355327 NO CYCLE;
 COMMENT ON SEQUENCE pglockkit.lease_tokens IS
-    'Fencing tokens of leases: drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
+    'The low 47 bits of leases'' fencing tokens (_next_token puts the epoch above them): drawn by each acquisition once the row version it replaces was written (again if the row changed while it waited, so values are skipped), never reused; each name''s tokens strictly increase.';
 
 -- The longest lease ttl, named once (leases are renewed while held: seconds to minutes).
 CREATE FUNCTION pglockkit._longest_lease_ttl() RETURNS interval
@@ -172,7 +172,7 @@ BEGIN
         UPDATE pglockkit.leases l
            SET holder = acquire_lease.holder,
                token = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
-                            THEN l.token ELSE pg_catalog.nextval('pglockkit.lease_tokens') END,
+                            THEN l.token ELSE pglockkit._next_token('pglockkit.lease_tokens', l.token) END,
                acquired_at = CASE WHEN l.released_at IS NULL AND l.expires_at > v_now
                                   THEN l.acquired_at ELSE v_now END,
                renewed_at = v_now, expires_at = v_now + acquire_lease.ttl, released_at = NULL,
@@ -331,7 +331,7 @@ BEGIN
         -- own. The token is drawn while this transaction holds the row, so it is larger than every
         -- token of this name handed out before, even one whose row was pruned since.
         IF v_token IS NULL THEN
-            v_token := pg_catalog.nextval('pglockkit.lease_tokens');
+            v_token := pglockkit._next_token('pglockkit.lease_tokens', v_row.token);
             v_since := v_now;
         END IF;
         UPDATE pglockkit.leases l

@@ -3,8 +3,8 @@
 -- The current definition of each object, once. A change edits this file and adds a delta
 -- migration (see CONTRIBUTING.md); a test checks that both build the same schema.
 
-CREATE SEQUENCE pglockkit.job_tokens AS bigint NO CYCLE;
-COMMENT ON SEQUENCE pglockkit.job_tokens IS 'Fencing tokens of job claims: one per claim, never reused.';
+CREATE SEQUENCE pglockkit.job_tokens AS bigint MAXVALUE 140737488355327 NO CYCLE;
+COMMENT ON SEQUENCE pglockkit.job_tokens IS 'The low 47 bits of job claims'' fencing tokens (_next_token puts the epoch above them): one per claim, never reused.';
 
 CREATE TABLE pglockkit.jobs (
     id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -517,7 +517,7 @@ BEGIN
         RETURN QUERY
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+               token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
          WHERE j.id = (
                SELECT r.id
@@ -539,7 +539,7 @@ BEGIN
         RETURN QUERY
         UPDATE pglockkit.jobs j
            SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-               token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+               token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                started_at = v_now
          WHERE j.id = (
                SELECT r.id
@@ -581,7 +581,7 @@ BEGIN
             )
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = (
                    SELECT x.id
@@ -622,7 +622,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = ANY (ARRAY(
                    SELECT x.id
@@ -719,7 +719,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
             RETURNING j.id, j.queue, j.payload, j.attempt, j.max_attempts, j.token, j.lease_expires_at, j.concurrency_key, j.priority, j.run_at
@@ -953,7 +953,7 @@ BEGIN
         ), claimed AS (
             UPDATE pglockkit.jobs j
                SET status = 'running', attempt = j.attempt + 1, worker = claim_job.worker,
-                   token = pg_catalog.nextval('pglockkit.job_tokens'), lease_expires_at = v_now + claim_job.lease,
+                   token = pglockkit._next_token('pglockkit.job_tokens', j.token), lease_expires_at = v_now + claim_job.lease,
                    started_at = v_now
              -- = ANY(array), not a join: the row estimates of the CTEs above are rough in a generic
              -- plan, and a join estimated at hundreds of rows turned into a hash join over the table.

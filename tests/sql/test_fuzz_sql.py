@@ -795,7 +795,8 @@ SELECT v FROM (
    WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1
   UNION ALL
   SELECT format('job %s token %s was never handed out (sequence at %s)', j.id, j.token, s.last_value)
-    FROM pglockkit.jobs j, pglockkit.job_tokens s WHERE j.token > s.last_value OR j.token < 1
+    FROM pglockkit.jobs j, pglockkit.job_tokens s  -- the sequence holds a token's low 47 bits
+   WHERE j.token & 140737488355327 > s.last_value OR j.token < 1
   UNION ALL
   SELECT format('dedup key %s of queue %s is pending twice', dedup_key, queue) FROM pglockkit.jobs
    WHERE dedup_key IS NOT NULL AND status IN ('queued', 'running')
@@ -832,7 +833,7 @@ SELECT v FROM (
       OR released_at < acquired_at OR session_bound <> (session_key IS NOT NULL)
   UNION ALL
   SELECT format('lease %s token %s was never handed out (sequence at %s)', l.name, l.token, s.last_value)
-    FROM pglockkit.leases l, pglockkit.lease_tokens s WHERE l.token > s.last_value
+    FROM pglockkit.leases l, pglockkit.lease_tokens s WHERE l.token & 140737488355327 > s.last_value
   UNION ALL
   SELECT format('namespace %s (%s) is invalid', id, name) FROM pglockkit.namespaces
    WHERE id NOT BETWEEN 1 AND 32767 OR name !~ '^[a-z][a-z0-9_.:-]{0,62}$' OR lock_timeout <= interval '0'
@@ -1054,10 +1055,11 @@ def fuzzer(db):
         db.conn.execute(statement)
     with db.connect() as holder, db.connect() as conn:
         holder.execute("SELECT pglockkit.try_lock('fuzz', 'held'), pglockkit.try_lock('fuzz', 7)")
-        holder.execute("SELECT pglockkit.acquire_lease('held-lease', 'holder', '1 hour')")
+        held = holder.execute("SELECT pglockkit.acquire_lease('held-lease', 'holder', '1 hour')")
+        held = held.fetchone()[0]
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM fuzz_rows WHERE id = 5 FOR UPDATE")
-        holder.execute("SELECT pglockkit.check_fence('held-lease', 1)")  # FOR SHARE until the end
+        holder.execute("SELECT pglockkit.check_fence('held-lease', %s)", (held,))  # FOR SHARE until the end
         conn.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         f = Fuzzer(conn, holder.info.backend_pid)

@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from scenarios import backwards_interval, lease_contenders
+from scenarios import EPOCH, backwards_interval, lease_contenders, nth_token
 
 import pglockkit
 import pglockkit.aio as aio
@@ -29,21 +29,21 @@ def _leases(conn):
 
 def test_acquire_renew_release_and_tokens(db):
     with db.connect() as a, db.connect() as b:
-        assert acquire_lease(a, "refresh", "a", 10) == 1
+        assert acquire_lease(a, "refresh", "a", 10) == nth_token(1)
         assert acquire_lease(b, "refresh", "b", 10) is None
         before = a.execute("SELECT expires_at FROM pglockkit.leases WHERE name = 'refresh'").fetchone()[0]
         time.sleep(0.01)
-        assert acquire_lease(a, "refresh", "a", 10) == 1  # the holder again: a renewal, same token
+        assert acquire_lease(a, "refresh", "a", 10) == nth_token(1)  # the holder again: a renewal, same token
         after = a.execute("SELECT expires_at FROM pglockkit.leases WHERE name = 'refresh'").fetchone()[0]
         assert after > before
-        assert renew_lease(a, "refresh", "a", 1, 10)
-        assert not renew_lease(b, "refresh", "b", 1, 10)  # not the holder
-        assert not renew_lease(a, "refresh", "a", 2, 10)  # not the token
-        assert not release_lease(b, "refresh", "b", 1)
-        assert not release_lease(a, "refresh", "a", 7)
-        assert release_lease(a, "refresh", "a", 1)
-        assert not release_lease(a, "refresh", "a", 1)  # already released
-        assert acquire_lease(b, "refresh", "b", 10) == 2
+        assert renew_lease(a, "refresh", "a", nth_token(1), 10)
+        assert not renew_lease(b, "refresh", "b", nth_token(1), 10)  # not the holder
+        assert not renew_lease(a, "refresh", "a", nth_token(2), 10)  # not the token
+        assert not release_lease(b, "refresh", "b", nth_token(1))
+        assert not release_lease(a, "refresh", "a", nth_token(7))
+        assert release_lease(a, "refresh", "a", nth_token(1))
+        assert not release_lease(a, "refresh", "a", nth_token(1))  # already released
+        assert acquire_lease(b, "refresh", "b", 10) == nth_token(2)
 
 
 def test_tokens_strictly_increase_across_releases_and_expiries(db):
@@ -57,7 +57,7 @@ def test_tokens_strictly_increase_across_releases_and_expiries(db):
                 time.sleep(0.06)  # let it expire
             else:
                 assert release_lease(conn, "counter", holder, token)
-    assert tokens == list(range(1, 11))
+    assert tokens == [nth_token(n) for n in range(1, 11)]
 
 
 def test_expiry_by_server_clock_fences_the_old_writer(db):
@@ -204,7 +204,7 @@ def test_bad_input_is_rejected_and_changes_nothing(db, call, params, sqlstate):
 
 def test_python_lease_renews_in_the_background(db):
     with Lease(db.dsn, "renewed", ttl=0.6, holder="me") as lease:
-        assert lease.acquired and lease.token == 1
+        assert lease.acquired and lease.token == nth_token(1)
         with db.connect() as rival:
             for _ in range(3):
                 time.sleep(0.5)  # well past the ttl in total: only renewals keep it
@@ -213,7 +213,7 @@ def test_python_lease_renews_in_the_background(db):
         with db.connect() as conn, conn.transaction():
             lease.check_fence(conn)
     with db.connect() as rival:
-        assert acquire_lease(rival, "renewed", "rival", 10) == 2  # released on exit
+        assert acquire_lease(rival, "renewed", "rival", 10) == nth_token(2)  # released on exit
 
 
 def test_python_lease_signals_loss_when_renewal_fails(db):
@@ -234,7 +234,7 @@ def test_python_lease_signals_loss_when_taken_over(db):
         # when its ttl runs out, before anyone can take it: see the session-key test below.)
         with db.connect() as rival:
             assert release_lease(rival, "stolen", "me", lease.token)
-            assert acquire_lease(rival, "stolen", "rival", 10) == 2
+            assert acquire_lease(rival, "stolen", "rival", 10) == nth_token(2)
         assert lease.lost.wait(2)
         assert "changed hands" in lease.lost_reason
         with pytest.raises(pglockkit.StaleToken), db.connect() as conn, conn.transaction():
@@ -249,14 +249,14 @@ def test_python_lease_busy(db):
 
 def test_rebinding_a_lease_in_the_same_session_takes_its_key_once(db):
     with db.connect() as a, db.connect() as b:
-        assert (
-            a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 microsecond', true)").fetchone()[0] == 1
-        )
-        token = a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 hour', true)").fetchone()[0]
-        assert token == 2  # the first had expired: a new acquisition
-        assert a.execute("SELECT pglockkit.release_lease('bl', 'a', %s)", (token,)).fetchone()[0] is True
+        first = a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 microsecond', true)").fetchone()[0]
+        assert first == nth_token(1)
+        got = a.execute("SELECT pglockkit.acquire_lease('bl', 'a', '1 hour', true)").fetchone()[0]
+        assert got == nth_token(2)  # the first had expired: a new acquisition
+        assert a.execute("SELECT pglockkit.release_lease('bl', 'a', %s)", (got,)).fetchone()[0] is True
         # One release frees the session key: another session can bind the lease at once.
-        assert b.execute("SELECT pglockkit.acquire_lease('bl', 'b', '1 hour', true)").fetchone()[0] == 3
+        third = b.execute("SELECT pglockkit.acquire_lease('bl', 'b', '1 hour', true)").fetchone()[0]
+        assert third == nth_token(3)
 
 
 def _stale_holder_is_fenced(conn, name: str, holder: str, token: int) -> None:
@@ -502,7 +502,7 @@ def test_acquirers_racing_for_a_freed_lease_get_tokens_in_holding_order_never_tw
     assert len(got) >= 20
     assert got == sorted(set(got)), "a token was handed out out of order or twice"
     last = db.conn.execute("SELECT last_value FROM pglockkit.lease_tokens").fetchone()[0]
-    assert last >= got[-1]
+    assert last >= got[-1] - EPOCH  # the sequence holds the low 47 bits
 
 
 def _acquire_behind(blocker, conn, name: str, holder: str, ttl, end: str = "COMMIT", wait: float = 0.2):
@@ -553,8 +553,7 @@ def test_a_taker_of_a_row_another_transaction_holds_answers_null_at_once_then_ta
         got = acquire_lease(rival, "held row", "rival", 60)
         assert got is not None and got > token
         row = db.conn.execute(
-            "SELECT holder, acquired_at, renewed_at, expires_at FROM pglockkit.leases"
-            " WHERE name = 'held row'"
+            "SELECT holder, acquired_at, renewed_at, expires_at FROM pglockkit.leases WHERE name = 'held row'"
         ).fetchone()
         assert row[0] == "rival" and row[1] == row[2] >= ended
         assert (row[3] - row[2]).total_seconds() == 60
@@ -674,8 +673,7 @@ def test_a_transaction_guards_its_first_new_names_and_counts_them_per_transactio
         rival.execute("SET statement_timeout = '500ms'")
         pod.execute("BEGIN")
         created = pod.execute(
-            "SELECT count(pglockkit.acquire_lease('new-' || i, 'pod', '30 s'))"
-            " FROM generate_series(1, %s) i",
+            "SELECT count(pglockkit.acquire_lease('new-' || i, 'pod', '30 s')) FROM generate_series(1, %s) i",
             (bound + 8,),
         ).fetchone()[0]
         assert created == bound + 8
