@@ -29,9 +29,11 @@ HERE = Path(__file__).resolve().parent
 _spawned: list[subprocess.Popen] = []
 
 
-# Fencing tokens carry the server's timeline in bits 47-62, above a sequence's value
-# (docs/leases.md, "Tokens"); the tests' servers are fresh clusters, on timeline 1.
-EPOCH = 1 << 47
+# Fencing tokens carry the server's timeline less 1 in bits 47-62, above a sequence's value
+# (docs/leases.md, "Tokens across a failover"); the tests' servers are fresh clusters, on
+# timeline 1, whose epoch is 0. A promoted standby's first timeline is 2: epoch 1 << 47.
+EPOCH = 0
+PROMOTED_EPOCH = 1 << 47
 
 
 def nth_token(n: int) -> int:

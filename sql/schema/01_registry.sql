@@ -407,14 +407,15 @@ COMMENT ON FUNCTION pglockkit.register_namespace(text, integer, text, interval) 
 
 -- ---------------------------------------------------------------------------------------------
 -- Fencing tokens (leases, job claims): the epoch in bits 47-62, a sequence's value in bits 0-46.
--- The epoch is the server's timeline, which grows at every promotion of a standby (and at every
+-- The epoch is the server's timeline less 1 (0 on a cluster never promoted, whose tokens are the
+-- sequence's values as before), which grows at every promotion of a standby (and at every
 -- point-in-time recovery). A promotion carries each sequence on from the last value that was
 -- WAL-logged (a sequence logs about 32 values ahead) and reached the standby; with asynchronous
 -- replication, whatever the old primary handed out past it was handed out again. Under the new
 -- timeline every token is above every token of the old one, so none repeats. The timeline is the
 -- one WAL is written on now: pg_walfile_name(pg_current_wal_lsn()) names it from the promotion
 -- on, where pg_control_checkpoint()'s lags until the first checkpoint after it. 16 bits of epoch
--- keep tokens positive bigints (a timeline past 65535 is refused), 47 of sequence are 1.4e14
+-- keep tokens positive bigints (a timeline past 65536 is refused), 47 of sequence are 1.4e14
 -- tokens per epoch (the sequences stop there, 2200H, rather than run into the epoch's bits).
 -- ---------------------------------------------------------------------------------------------
 CREATE FUNCTION pglockkit._timeline_too_large(timeline bigint) RETURNS bigint
@@ -422,7 +423,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION 'timeline % is past the 65535 that fencing tokens can carry', timeline
+    RAISE EXCEPTION 'timeline % is past the 65536 that fencing tokens can carry', timeline
         USING ERRCODE = 'program_limit_exceeded';
 END
 $$;
@@ -434,23 +435,26 @@ LANGUAGE sql VOLATILE
 BEGIN ATOMIC
     -- One expression (the timeline read twice), so that it is inlined into the caller's.
     SELECT CASE WHEN ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
-                     ::bit(32)::bigint < 65536
-                THEN ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
-                     ::bit(32)::bigint << 47
+                     ::bit(32)::bigint <= 65536
+                THEN (('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
+                      ::bit(32)::bigint - 1) << 47
                 ELSE pglockkit._timeline_too_large(
                          ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))
                          ::bit(32)::bigint) END;
 END;
 COMMENT ON FUNCTION pglockkit._token_epoch() IS
-    'Private: the current timeline, shifted into the epoch bits of a fencing token (47-62).';
+    'Private: the current timeline less 1, shifted into the epoch bits of a fencing token (47-62): 0 on a cluster never promoted.';
 
 CREATE FUNCTION pglockkit._next_token(seq regclass, previous bigint) RETURNS bigint
 LANGUAGE sql VOLATILE
 BEGIN ATOMIC
-    SELECT GREATEST(pglockkit._token_epoch() | pg_catalog.nextval(seq), previous + 1);
+    -- The epoch never goes down for a name: a dump restored into a new cluster starts again at
+    -- timeline 1, but its sequences carry on from the dump, so the previous token's epoch above
+    -- the sequence's next value is still above the previous token.
+    SELECT GREATEST(pglockkit._token_epoch(), (previous >> 47) << 47) | pg_catalog.nextval(seq);
 END;
 COMMENT ON FUNCTION pglockkit._next_token(regclass, bigint) IS
-    'Private: a new fencing token from seq under the current epoch, above previous (the token it replaces, if any), which it exceeds even where the epoch went down (a dump restored into a new cluster starts at timeline 1).';
+    'Private: a new fencing token: the larger of the current epoch and that of previous (the token it replaces, or NULL), above the next value of seq.';
 
 -- The kit's own namespace (installer mutex and other internal locks).
 INSERT INTO pglockkit.namespaces (id, name, description)

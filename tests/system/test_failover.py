@@ -11,6 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from replication import Node
+from scenarios import PROMOTED_EPOCH
 
 import pglockkit
 
@@ -83,6 +84,9 @@ def test_tokens_handed_out_before_an_async_failover_are_never_handed_out_again(s
             after_claims = _claims(conn, "q", HANDED_OUT + 40)
             new_token = after_leases[-1]
             assert min(after_leases) > max(before_leases), (before_leases[-3:], after_leases[:3])
+            # Timeline 1's tokens are the sequence's values; timeline 2's carry epoch 1 above them.
+            assert max(before_leases) < PROMOTED_EPOCH <= min(after_leases)
+            assert {t >> 47 for _, t in after_claims} == {PROMOTED_EPOCH >> 47}
             assert not set(after_leases) & set(before_leases)
             assert not {t for _, t in after_claims} & {t for _, t in before_claims}
             assert min(t for _, t in after_claims) > max(t for _, t in before_claims)
