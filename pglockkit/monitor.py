@@ -72,6 +72,7 @@ def doctor(
         *check_prepared_blockers(_rows(conn, PREPARED_BLOCKERS)),
         *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), dbname),
         *check_pooler(pooler_evidence(conn)),
+        *check_replication(_rows(conn, REPLICATION)[0]),
     ]
     return sorted(findings, key=lambda f: -f.rank())
 
@@ -133,6 +134,16 @@ SELECT w.root_blocker AS root, count(*) AS waiting, max(w.wait_time) AS longest,
 HAVING max(w.wait_time) >= %s
  ORDER BY count(*) DESC, max(w.wait_time) DESC
 """
+
+# Whether this server is a standby, the standbys that stream from it (any role sees how many; their
+# sync_state needs pg_read_all_stats), and what this session's commits wait for.
+REPLICATION = """
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('synchronous_standby_names') AS standby_names,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       (SELECT count(*) FROM pg_stat_replication) AS standbys,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync_seen,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS unseen"""
 
 PREPARED_BLOCKERS = (
     "SELECT g.gid, count(*) AS waiting, max(w.wait_time) AS longest "
@@ -613,6 +624,93 @@ def check_pooler(seen: PoolerEvidence) -> list[Finding]:
             "sole_writer refuses pooled connections: give it a DSN that reaches PostgreSQL directly. "
             "Session locks left by a client that disconnects stay on the server session unless the "
             "pooler's server_reset_query (DISCARD ALL) runs.",
+        )
+    ]
+
+
+# What a failover to a standby that had not received the last commits takes with it, and what holds.
+ASYNC_LOSS = (
+    "a failover to a standby loses the commits it had not received: jobs completed there run again, "
+    "leases taken there are free again, runs and schedule slots recorded there may run again; "
+    "fencing tokens still never repeat (they carry the timeline, docs/leases.md)"
+)
+
+
+def check_replication(row: dict) -> list[Finding]:
+    """What a failover can lose, from the server's replication settings (``REPLICATION``): a
+    standby connected to is an error (every write fails), no streaming standby for a
+    ``synchronous_standby_names`` is an error (every commit waits), asynchronous standbys a
+    warning, synchronous ones information. No standby at all is no finding: a managed service may
+    replicate below PostgreSQL, where this cannot see."""
+    if row["in_recovery"]:
+        return [
+            Finding(
+                "error",
+                "standby",
+                "this server is a standby, in recovery: every pglockkit call that writes fails here "
+                "(25006 read_only_sql_transaction)",
+                "Connect workers and clients to the primary; with several hosts, let libpq find it: "
+                "host=a,b target_session_attrs=read-write (it follows a promotion on reconnect).",
+            )
+        ]
+    names, standbys = row["standby_names"].strip(), row["standbys"]
+    if names and (not standbys or (not row["unseen"] and not row["sync_seen"])):
+        streaming = (
+            "no standby streams from this server"
+            if not standbys
+            else f"none of the {standbys} standby(s) that stream from it matches"
+        )
+        return [
+            Finding(
+                "error",
+                "replication",
+                f"synchronous_standby_names is {fmt.sql_literal(names)} but {streaming}: every commit "
+                "that waits for a standby (synchronous_commit on, remote_write or remote_apply) waits "
+                "until one connects",
+                "Start the standby (its application_name must match), or stop waiting for it: "
+                "ALTER SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf();",
+            )
+        ]
+    if not standbys:  # no replication, or one below PostgreSQL (a managed service's): nothing seen
+        return []
+    if not names:
+        return [
+            Finding(
+                "warning",
+                "asynchronous replication",
+                f"{standbys} standby(s) stream from this server, all asynchronously: {ASYNC_LOSS}",
+                "To lose nothing acknowledged at a failover: ALTER SYSTEM SET synchronous_standby_names "
+                "= '*' (or the standbys' names), with synchronous_commit = on, and keep a second standby "
+                "so that commits do not wait while one is down.",
+            )
+        ]
+    if row["synchronous_commit"] in ("off", "local"):
+        return [
+            Finding(
+                "warning",
+                "asynchronous replication",
+                f"synchronous_standby_names is {fmt.sql_literal(names)}, but this session's "
+                f"synchronous_commit is {row['synchronous_commit']}: its commits are acknowledged before a "
+                f"standby has them, so {ASYNC_LOSS}",
+                "Set synchronous_commit = on for the roles and databases of workers and lease holders "
+                "(ALTER ROLE ... SET synchronous_commit = on).",
+            )
+        ]
+    seen = (
+        f", {row['sync_seen']} of them synchronous now"
+        if not row["unseen"]
+        else " (their sync_state needs pg_read_all_stats)"
+    )
+    return [
+        Finding(
+            "info",
+            "synchronous replication",
+            f"{standbys} standby(s) stream from this server{seen}; synchronous_standby_names is "
+            f"{fmt.sql_literal(names)} and synchronous_commit {row['synchronous_commit']}: a failover to a "
+            "synchronous standby loses no acknowledged commit",
+            "Nothing to do. A commit in flight at the failover may or may not have reached the standby: "
+            "clients see a lost connection and their work is found on the new primary, or done again "
+            "(a job after its lease).",
         )
     ]
 

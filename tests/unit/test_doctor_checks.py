@@ -15,6 +15,7 @@ from pglockkit.monitor import (
     check_long_holds,
     check_pooler,
     check_queues,
+    check_replication,
     check_sampling,
     check_xmin_horizon,
 )
@@ -229,3 +230,49 @@ def test_sampling_notes_a_sampler_that_never_ran_or_stopped():
     [stale] = check_sampling([{**fresh, "since_last_sample": timedelta(minutes=42)}], timedelta(minutes=10))
     assert stale.severity == "info"
     assert stale.message.startswith("sample() last ran 42.0m ago (at 2026-12-02 03:00:00)")
+
+
+def replication(**overrides) -> dict:
+    row = {
+        "in_recovery": False,
+        "standby_names": "",
+        "synchronous_commit": "on",
+        "standbys": 0,
+        "sync_seen": 0,
+        "unseen": 0,
+    }
+    return {**row, **overrides}
+
+
+def test_replication_says_what_a_failover_can_lose():
+    assert check_replication(replication()) == []  # nothing streams (or it is below PostgreSQL)
+    (standby,) = check_replication(replication(in_recovery=True, standbys=0))
+    assert (standby.severity, standby.check) == ("error", "standby")
+    assert "target_session_attrs=read-write" in standby.fix
+    (lost,) = check_replication(replication(standbys=2))
+    assert (lost.severity, lost.check) == ("warning", "asynchronous replication")
+    assert "2 standby(s)" in lost.message and "jobs completed there run again" in lost.message
+    assert "never repeat" in lost.message  # what the epoch still keeps
+    (off,) = check_replication(
+        replication(standbys=1, sync_seen=1, standby_names="*", synchronous_commit="local")
+    )
+    assert (off.severity, off.check) == ("warning", "asynchronous replication")
+    assert "synchronous_commit is local" in off.message
+    (sync,) = check_replication(replication(standbys=2, sync_seen=1, standby_names="ANY 1 (a, b)"))
+    assert (sync.severity, sync.check) == ("info", "synchronous replication")
+    assert "1 of them synchronous now" in sync.message and "'ANY 1 (a, b)'" in sync.message
+    # A role without pg_read_all_stats sees how many stream, not how.
+    (unseen,) = check_replication(replication(standbys=1, unseen=1, standby_names="*"))
+    assert unseen.severity == "info" and "pg_read_all_stats" in unseen.message
+
+
+def test_replication_waiting_for_a_standby_that_is_not_there_is_an_error():
+    for row in (
+        replication(standby_names="*"),  # none streams
+        replication(standby_names="s1", standbys=1),  # one streams, and is not s1
+    ):
+        (stuck,) = check_replication(row)
+        assert (stuck.severity, stuck.check) == ("error", "replication"), row
+        assert "every commit" in stuck.message and "synchronous_standby_names = ''" in stuck.fix
+    # Not an error where the role cannot see whether the one streaming matches.
+    assert check_replication(replication(standby_names="s1", standbys=1, unseen=1))[0].severity == "info"
