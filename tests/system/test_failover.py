@@ -189,15 +189,22 @@ def _sync_pair(server, tmp_path) -> tuple[Node, Node]:
     """A primary and a standby it commits synchronously to (``synchronous_commit = on``), kit
     installed."""
     primary = Node.primary(server.bindir, tmp_path, settings="-c synchronous_commit=on")
-    standby = primary.standby(tmp_path)
-    with primary.connect() as conn:
-        conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-        conn.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 30
-        while not _count(conn, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"):
-            assert time.monotonic() < deadline, "the standby did not become synchronous"
-            time.sleep(0.05)
-    pglockkit.install(primary.dsn())
+    standby = None
+    try:
+        standby = primary.standby(tmp_path)
+        with primary.connect() as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + 30
+            while not _count(conn, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"):
+                assert time.monotonic() < deadline, "the standby did not become synchronous"
+                time.sleep(0.05)
+        pglockkit.install(primary.dsn())
+    except BaseException:
+        for node in (primary, standby):
+            if node is not None:
+                node.stop("immediate")
+        raise
     return primary, standby
 
 
