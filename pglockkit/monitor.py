@@ -73,6 +73,7 @@ def doctor(
         *check_lock_timeouts(_rows(conn, ROLES_WITHOUT_LOCK_TIMEOUT), dbname),
         *check_pooler(pooler_evidence(conn)),
         *check_replication(_rows(conn, REPLICATION)[0]),
+        *check_connections(_rows(conn, CONNECTIONS)[0]),
     ]
     return sorted(findings, key=lambda f: -f.rank())
 
@@ -144,6 +145,20 @@ SELECT pg_is_in_recovery() AS in_recovery,
        (SELECT count(*) FROM pg_stat_replication) AS standbys,
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync_seen,
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS unseen"""
+
+# The server's connection slots, those in use by client sessions (any role sees every session's
+# application_name), and the share of pglockkit's workers: a process holds a connection per lane,
+# one for LISTEN ("... listen") and one for its heartbeat ("... heartbeat"). (%% is LIKE's %: the
+# query is sent with parameters, none.)
+CONNECTIONS = """
+SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+         AS usable,
+       count(*) FILTER (WHERE backend_type = 'client backend') AS used,
+       count(*) FILTER (WHERE application_name LIKE 'pglockkit worker %%') AS workers,
+       count(*) FILTER (WHERE application_name LIKE 'pglockkit worker %% listen') AS processes
+  FROM pg_catalog.pg_stat_activity"""
+# From this share of the slots that roles other than superusers may use, doctor warns.
+CONNECTIONS_WARN = 0.8
 
 PREPARED_BLOCKERS = (
     "SELECT g.gid, count(*) AS waiting, max(w.wait_time) AS longest "
@@ -711,6 +726,33 @@ def check_replication(row: dict) -> list[Finding]:
             "Nothing to do. A commit in flight at the failover may or may not have reached the standby: "
             "clients see a lost connection and their work is found on the new primary, or done again "
             "(a job after its lease).",
+        )
+    ]
+
+
+def check_connections(row: dict) -> list[Finding]:
+    """Client connections at ``CONNECTIONS_WARN`` of what the server lets roles that are not
+    superusers open (``CONNECTIONS``): a warning, which says how many pglockkit's workers hold.
+    Past it, the next worker lane, lease or lock client to connect gets 53300 (too many
+    clients), and so does every other client of the server."""
+    usable, used, workers = row["usable"], row["used"], row["workers"]
+    if usable <= 0 or used < CONNECTIONS_WARN * usable:
+        return []
+    share = (
+        f"; pglockkit workers hold {workers} of them ({row['processes']} process(es), each a "
+        "connection per job in flight plus 2)"
+        if workers
+        else ""
+    )
+    return [
+        Finding(
+            "warning",
+            "connections",
+            f"{used} client connections of the {usable} the server allows roles that are not "
+            f"superusers (max_connections less superuser_reserved_connections){share}",
+            "Lower the workers' --concurrency or run fewer worker processes; put other clients behind "
+            "a pooler (transaction locks, the queue and leases work through PgBouncer in transaction "
+            "mode); or raise max_connections (a restart).",
         )
     ]
 

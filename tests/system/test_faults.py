@@ -23,6 +23,7 @@ from psycopg.conninfo import make_conninfo
 from scenarios import worker_proc
 
 import pglockkit
+from pglockkit import monitor
 from pglockkit import queue as q
 
 
@@ -657,3 +658,35 @@ def test_stop_returns_soon_while_the_heartbeat_is_opening_its_connection_again(p
             os.kill(postmaster, signal.SIGCONT)
             runner.join(150)
     assert not alive, f"run() had not returned {took:.1f} s after stop()"
+
+
+@pytest.mark.slow
+def test_doctor_warns_when_the_workers_connections_near_max_connections(private_server):
+    """A worker process holds a connection per lane plus 2 (LISTEN, heartbeat): with
+    ``--concurrency 44`` on a server of ``max_connections = 60`` (57 for roles that are not
+    superusers), it holds 46, past the 80% at which ``doctor`` warns, and the warning says how
+    many are the workers'. With the worker gone, the warning goes."""
+    dsn = private_server.dsn()
+    concurrency = 44
+
+    def workers_connections(conn) -> int:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker %'"
+        ).fetchone()[0]
+
+    worker = pglockkit.Worker(dsn, "w", lambda job, conn: None, concurrency=concurrency, poll_interval=0.2)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _wait_for("the worker's connections", lambda: workers_connections(conn) == concurrency + 2, 30)
+            (finding,) = [f for f in monitor.doctor(conn) if f.check == "connections"]
+        assert finding.severity == "warning"
+        assert "of the 57 the server allows" in finding.message
+        assert f"pglockkit workers hold {concurrency + 2} of them (1 process(es)" in finding.message
+    finally:
+        worker.stop()
+        runner.join(30)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _wait_for("the worker's connections to close", lambda: workers_connections(conn) == 0, 30)
+        assert not [f for f in monitor.doctor(conn) if f.check == "connections"]

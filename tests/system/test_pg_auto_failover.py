@@ -148,30 +148,31 @@ class Formation:
 
     def crash(self, name: str) -> None:
         """SIGKILL a node's keeper and its PostgreSQL (postmaster and backends): the host is gone."""
-        pidfile = self.root / name / "postmaster.pid"
-        postmaster = int(pidfile.read_text().split()[0])
-        children = subprocess.run(
-            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True
-        ).stdout.split()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.keepers[name].pid, signal.SIGKILL)
-        for pid in [postmaster, *map(int, children)]:
+        self._kill([name])
+
+    def _kill(self, names: list[str]) -> None:
+        """SIGKILL the keepers of ``names`` and their servers: each server's processes are found
+        first, since killing a keeper's process group kills the postmaster it started and leaves
+        its children to init (not all of them end with it: the monitor's health check worker
+        outlives it)."""
+        pids = [pid for name in names for pid in _server_pids(self.root / name)]
+        for name in names:  # first, so that none starts its server again
+            if name in self.keepers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.keepers[name].pid, signal.SIGKILL)
+                self.keepers[name].wait(10)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        self.keepers[name].wait(10)
+        for name in names:  # its pid may be another process's by the next look
+            (self.root / name / "postmaster.pid").unlink(missing_ok=True)
 
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text()[-3000:] if path.exists() else ""
 
     def stop(self) -> None:
-        for proc in self.keepers.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        # The servers the keepers started (a killed keeper leaves its postmaster running).
-        for pidfile in self.root.glob("*/postmaster.pid"):
-            with contextlib.suppress(ValueError, ProcessLookupError, OSError):
-                os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+        self._kill(sorted({"monitor", *self.keepers}))
         shutil.rmtree(self.root, ignore_errors=True)
 
     @staticmethod
@@ -185,6 +186,16 @@ class Formation:
                 pass
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.2)
+
+
+def _server_pids(pgdata: Path) -> list[int]:
+    """The postmaster of ``pgdata``, if it runs, and its children."""
+    try:
+        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    return [postmaster, *map(int, children)]
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pglockkit import monitor
 from pglockkit.monitor import (
     Finding,
     PoolerEvidence,
+    check_connections,
     check_convoys,
     check_expired_leases,
     check_idle_lock_holders,
@@ -276,3 +277,14 @@ def test_replication_waiting_for_a_standby_that_is_not_there_is_an_error():
         assert "every commit" in stuck.message and "synchronous_standby_names = ''" in stuck.fix
     # Not an error where the role cannot see whether the one streaming matches.
     assert check_replication(replication(standby_names="s1", standbys=1, unseen=1))[0].severity == "info"
+
+
+def test_connections_near_the_servers_limit_warn_and_say_the_workers_share():
+    assert check_connections({"usable": 97, "used": 77, "workers": 60, "processes": 5}) == []
+    (near,) = check_connections({"usable": 97, "used": 78, "workers": 60, "processes": 5})
+    assert (near.severity, near.check) == ("warning", "connections")
+    assert "78 client connections of the 97" in near.message
+    assert "pglockkit workers hold 60 of them (5 process(es)" in near.message
+    assert "--concurrency" in near.fix
+    (others,) = check_connections({"usable": 10, "used": 10, "workers": 0, "processes": 0})
+    assert "workers" not in others.message  # none of them pglockkit's: not said
