@@ -35,6 +35,7 @@ from pglockkit._lanes import (
     WorkerBase,
     is_async,
     outcome,
+    refused_for_slots,
     undecodable,
     worker_params,
 )
@@ -179,7 +180,15 @@ class Worker(WorkerBase):
                 kick = self._kick
                 try:
                     if conn is None or conn.closed:
-                        conn = await AsyncLaneConnection.connect(self.dsn, **params)
+                        if wait := self._gate.turn():
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(self._stopped.wait(), wait)
+                            if self._stopping.is_set():
+                                return  # stopping while no connection: as after a failure
+                            continue
+                        conn = await self._lane_connect(params)
+                        if conn is None:
+                            continue
                     why = await self._drive(lane, conn)
                     token_in = None
                     if why == IDLE:
@@ -217,6 +226,19 @@ class Worker(WorkerBase):
             lane.forget()
             if conn is not None:
                 await conn.close()
+
+    async def _lane_connect(self, params: dict[str, Any]) -> AsyncLaneConnection | None:
+        """A lane's connection, opened under the gate (see worker.py)."""
+        try:
+            conn = await AsyncLaneConnection.connect(self.dsn, **params)
+        except psycopg.OperationalError as exc:
+            if refused_for_slots(exc):
+                self._gate.refused(exc)
+                return None
+            self._gate.failed()
+            raise
+        self._gate.connected()
+        return conn
 
     async def _pause(self, failures: int, what: str) -> int:
         pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)

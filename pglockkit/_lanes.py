@@ -58,10 +58,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
-from pglockkit._calls import Call, Job
+from pglockkit._calls import Call, Job, first_line
 from pglockkit.connection import connect_params
 from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, UnknownJob
-from pglockkit.retry import TICK_BACKOFF_CAP
+from pglockkit.retry import TICK_BACKOFF_CAP, backoff
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -301,6 +301,7 @@ class WorkerBase:
         self._reconnects = 0
         self._budget = Budget(None)
         self._watch = Watch()
+        self._gate = ConnectGate(self.settings.reconnect_cap)  # the lanes' connects, when slots run out
         self._stopping = threading.Event()
         self._ready()
 
@@ -378,6 +379,107 @@ class Ticker:
         log.warning(
             "tick_schedules failed (%d in a row, next in %.0f s): %s", self._failures, self._wait(), text
         )
+
+
+# A connect refused because the server has no connection slot left (53300): "sorry, too many
+# clients already", or "remaining connection slots are reserved ..." for a role that is not a
+# superuser. libpq reports it as text, without a SQLSTATE.
+TOO_MANY_CLIENTS = ("too many clients already", "remaining connection slots are reserved")
+GATE_BASE = 0.5  # seconds: the first pause of the gate after a refusal, doubling up to the cap
+GATE_REPORT_EVERY = 60.0  # seconds between the gate's lines while the server keeps refusing
+GATE_POLL = 0.25  # seconds a lane waits before it asks the gate again while another one tries
+
+
+def refused_for_slots(exc: BaseException) -> bool:
+    """Whether a connect failed because the server had no connection slot left (53300)."""
+    text = str(exc)
+    return any(phrase in text for phrase in TOO_MANY_CLIENTS)
+
+
+class ConnectGate:
+    """How a worker process's lanes open connections while the server refuses them for want of
+    slots (53300). Each lane of a process retrying on its own schedule answered a full server
+    with a connect attempt and a warning every few seconds per lane (a process of 500 lanes
+    logged 4,000 lines), and took every slot freed by another client at once. Once the server has
+    refused one, the lanes connect one at a time: a single lane tries, and the others wait for
+    its result; a refusal closes the gate for a full-jitter backoff doubling from ``GATE_BASE``
+    up to ``cap``; a success lets the next lane try at once. The gate logs one line when the
+    server first refuses, one a minute while it goes on, and one when connections are accepted
+    again. ``turn`` and its reports are cheap, never block, and are called by the lanes' drivers
+    (threads or asyncio): sans-IO, the driver does the waiting."""
+
+    def __init__(self, cap: float, clock: Callable[[], float] = time.monotonic):
+        self.cap = cap
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._refusing = False  # since the first refusal, until a minute passes without one
+        self._refusals = 0  # in a row, since the last connect that was accepted
+        self._closed_until = 0.0
+        self._trying = False  # a lane is connecting under the gate: the others wait for it
+        self._last_refusal = 0.0
+        self._reported = 0.0
+        self._refused_since_report = 0
+        self.refused_total = 0
+
+    @property
+    def refusing(self) -> bool:
+        return self._refusing
+
+    def turn(self) -> float:
+        """0 when the calling lane may connect now (then it must report ``connected``,
+        ``refused`` or ``failed``), else the seconds to wait before it asks again."""
+        with self._lock:
+            now = self.clock()
+            if self._refusing and not self._trying and now - self._last_refusal > GATE_REPORT_EVERY:
+                self._refusing = False  # a minute without a refusal: every lane on its own again
+                log.warning("the server accepts connections again")
+            if not self._refusing:
+                return 0.0
+            if now < self._closed_until:
+                return self._closed_until - now
+            if self._trying:
+                return GATE_POLL
+            self._trying = True
+            return 0.0
+
+    def connected(self) -> None:
+        with self._lock:
+            self._trying = False
+            if self._refusing and self._refusals:
+                self._refusals = 0
+                log.info("a connection was accepted; the lanes still waiting connect one at a time")
+
+    def failed(self) -> None:
+        """The lane's connect failed for another reason (the lane reports it as it did)."""
+        with self._lock:
+            self._trying = False
+
+    def refused(self, exc: BaseException) -> None:
+        """The lane's connect was refused for want of slots."""
+        with self._lock:
+            now = self.clock()
+            self._trying = False
+            self._refusals += 1
+            self.refused_total += 1
+            self._refused_since_report += 1
+            self._last_refusal = now
+            pause = max(GATE_BASE / 2, backoff(self._refusals - 1, base=GATE_BASE, cap=self.cap))
+            self._closed_until = max(self._closed_until, now + pause)
+            if not self._refusing:
+                self._refusing = True
+                self._reported, self._refused_since_report = now, 0
+                log.warning(
+                    "the server refuses connections (%s): lanes without one wait and connect one at a "
+                    "time, one try every %g s at most; lower --concurrency or free connections "
+                    "(pglockkit doctor counts them)",
+                    first_line(exc), self.cap,
+                )  # fmt: skip
+            elif now - self._reported >= GATE_REPORT_EVERY:
+                log.warning(
+                    "the server still refuses connections: %d refusal(s) in the last %.0f s",
+                    self._refused_since_report, now - self._reported,
+                )  # fmt: skip
+                self._reported, self._refused_since_report = now, 0
 
 
 class Budget:

@@ -41,6 +41,7 @@ from pglockkit._lanes import (
     WorkerBase,
     is_async,
     outcome,
+    refused_for_slots,
     undecodable,
     worker_params,
 )
@@ -229,7 +230,13 @@ class Worker(WorkerBase):
                 seen = self._wakeups
                 try:
                     if conn is None or conn.closed:
-                        conn = LaneConnection.connect(self.dsn, **params)
+                        if wait := self._gate.turn():
+                            if self._sleep(wait):
+                                return  # stopping while no connection: as after a failure
+                            continue
+                        conn = self._lane_connect(params)
+                        if conn is None:
+                            continue
                     why = self._drive(lane, conn)
                     token_in = None if why != IDLE else _calls.run(conn, _calls.next_rate_token(self.queue))
                     failures = 0
@@ -256,6 +263,29 @@ class Worker(WorkerBase):
             lane.forget()
             if conn is not None:
                 conn.close()
+
+    def _lane_connect(self, params: dict[str, Any]) -> LaneConnection | None:
+        """A lane's connection, opened under the gate; None when the server refused it for want of
+        slots (the gate says so and paces the next try)."""
+        try:
+            conn = LaneConnection.connect(self.dsn, **params)
+        except psycopg.OperationalError as exc:
+            if refused_for_slots(exc):
+                self._gate.refused(exc)
+                return None
+            self._gate.failed()
+            raise
+        self._gate.connected()
+        return conn
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait, looking for a stop() every quarter of a second; True if asked to stop."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._asked_to_stop():
+                return True
+            time.sleep(min(left, STOP_LOOK))
+        return self._asked_to_stop()
 
     def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
         pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)

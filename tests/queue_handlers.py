@@ -39,3 +39,13 @@ async def span_async(job, conn):
         "INSERT INTO spans (job_id, key, s, e) VALUES (%s, %s, to_timestamp(%s), to_timestamp(%s))",
         (job.id, job.payload.get("key"), started, time.time()),
     )
+
+
+async def record_async(job, conn):
+    """``record`` for the asyncio worker."""
+    import asyncio
+
+    await asyncio.sleep(job.payload.get("sleep", 0))
+    await conn.execute(
+        "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, %s)", (job.id, job.token, os.getpid())
+    )

@@ -690,3 +690,51 @@ def test_doctor_warns_when_the_workers_connections_near_max_connections(private_
     with psycopg.connect(dsn, autocommit=True) as conn:
         _wait_for("the worker's connections to close", lambda: workers_connections(conn) == 0, 30)
         assert not [f for f in monitor.doctor(conn) if f.check == "connections"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("handler", ["queue_handlers:record", "queue_handlers:record_async"])
+def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_storm(server, tmp_path, handler):
+    """``--concurrency 30`` on a server of ``max_connections = 20``: the lanes that get a
+    connection drain the queue, every job exactly once; the others wait under the process's
+    connect gate. The worker logs one line that the server refuses connections, not one per lane
+    and attempt, and the server sees a few refused connects a second at most, not one per lane.
+    Threads and asyncio (an ``async def`` handler) alike."""
+    from replication import Node
+
+    node = Node.primary(server.bindir, tmp_path, settings="-c max_connections=20")
+    worker, code, err = None, None, ""
+    try:
+        dsn = node.dsn()
+        pglockkit.install(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
+            q.enqueue_many(conn, "w", [{"sleep": 0.01}] * 400)
+            worker = worker_proc(dsn, "--concurrency", "30", "--poll", "0.2", "--handler", handler)
+            deadline = time.monotonic() + 60
+            while conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
+                assert time.monotonic() < deadline, "the lanes that connected did not drain the queue"
+                assert worker.poll() is None, worker.stderr.read()
+                time.sleep(0.1)
+            recorded, distinct = conn.execute(
+                "SELECT count(*), count(DISTINCT job_id) FROM done_log"
+            ).fetchone()
+            assert recorded == distinct == 400
+            # The lanes still without a connection keep trying, under the gate: count the server's
+            # refusals over 10 s.
+            before = node.log.read_text().count("too many clients already")
+            time.sleep(10)
+            refused = node.log.read_text().count("too many clients already") - before
+        assert refused <= 15, f"{refused} refused connects in 10 s"
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                code, err = worker.wait(20), worker.stderr.read()
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                code, err = worker.wait(), worker.stderr.read()
+        node.stop("immediate")
+    assert code == 0, err[-3000:]
+    lines = [line for line in err.splitlines() if "too many clients" in line]
+    assert len(lines) == 1 and "refuses connections" in lines[0], err[-3000:]
