@@ -327,13 +327,18 @@ def test_a_confirm_after_the_ttl_is_refused_even_if_nobody_took_the_key(db, rese
     assert _live(db, SLOT) == []
 
 
-def _rows_locked(conn: psycopg.Connection) -> bool:
-    """Whether a transaction holds rows of recipe_reservations FOR UPDATE (lock_rows takes
-    RowShareLock on the table; the row locks themselves are not listed in pg_locks)."""
-    return conn.execute(
-        "SELECT count(*) > 0 FROM pg_locks WHERE relation = 'recipe_reservations'::regclass"
-        " AND mode = 'RowShareLock' AND granted"
-    ).fetchone()[0]
+def _row_locked(conn: psycopg.Connection, row_id: int) -> bool:
+    """Whether another transaction holds row ``row_id`` of recipe_reservations locked. The row
+    locks are not listed in pg_locks, and the table's RowShareLock is granted before the row is
+    locked: under load a check of that lock let the test race the confirm to its row. So: try to
+    share-lock the row without waiting (FOR KEY SHARE conflicts with lock_rows' FOR UPDATE), and
+    let go at once. ``conn`` must be in autocommit, so that the probe's transaction ends."""
+    assert conn.autocommit
+    with conn.transaction():
+        got = conn.execute(
+            "SELECT id FROM recipe_reservations WHERE id = %s FOR KEY SHARE SKIP LOCKED", (row_id,)
+        ).fetchone()
+    return got is None
 
 
 @pytest.mark.slow
@@ -346,7 +351,7 @@ def test_a_confirm_that_checked_in_time_wins_over_a_takeover_racing_it(db, reser
         confirming, out = _in_background(
             db, lambda c: reservation.confirm(c, hold.id, "agent-0", race_window=2.0)
         )
-        _wait_for(lambda: _rows_locked(conn), "agent-0's confirm to lock the row")
+        _wait_for(lambda: _row_locked(conn, hold.id), "agent-0's confirm to lock the row")
         time.sleep(max(0.0, reserved_at + 1.3 - time.monotonic()))
         assert "result" not in out  # the hold has expired, agent-0's confirm has not written yet
         started = time.monotonic()
@@ -391,7 +396,7 @@ def test_different_keys_never_wait_for_each_other(db, reservation):
         confirming, out = _in_background(
             db, lambda c: reservation.confirm(c, first.id, first.holder, race_window=2.0)
         )
-        _wait_for(lambda: _rows_locked(conn), "the first confirm to lock its row")
+        _wait_for(lambda: _row_locked(conn, first.id), "the first confirm to lock its row")
         with pytest.raises(pglockkit.LockTimeout):  # that row is locked...
             reservation.confirm(conn, first.id, first.holder, timeout=0.2)
         started = time.monotonic()

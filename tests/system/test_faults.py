@@ -693,14 +693,16 @@ def test_doctor_warns_when_the_workers_connections_near_max_connections(private_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("handler", ["queue_handlers:record", "queue_handlers:record_async"])
-def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_storm(server, tmp_path, handler):
+def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_storm(server, tmp_path):
     """``--concurrency 30`` on a server of ``max_connections = 20``: the lanes that get a
     connection drain the queue, every job exactly once; the others wait under the process's
     connect gate. The worker logs one line that the server refuses connections, not one per lane
     and attempt, and the server sees a few refused connects a second at most, not one per lane.
-    Threads and asyncio (an ``async def`` handler) alike."""
+    Threads on PostgreSQL 15, asyncio (an ``async def`` handler) on 18: the gate is the
+    process's, whatever the server."""
     from replication import Node
+
+    handler = "queue_handlers:record" if server.name == "pg15" else "queue_handlers:record_async"
 
     node = Node.primary(server.bindir, tmp_path, settings="-c max_connections=20")
     worker, code, err = None, None, ""
@@ -721,11 +723,11 @@ def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_stor
             ).fetchone()
             assert recorded == distinct == 400
             # The lanes still without a connection keep trying, under the gate: count the server's
-            # refusals over 10 s.
+            # refusals over 5 s (without the gate: 30 or more).
             before = node.log.read_text().count("too many clients already")
-            time.sleep(10)
+            time.sleep(5)
             refused = node.log.read_text().count("too many clients already") - before
-        assert refused <= 15, f"{refused} refused connects in 10 s"
+        assert refused <= 10, f"{refused} refused connects in 5 s"
     finally:
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
