@@ -33,6 +33,7 @@ from pglockkit._lanes import (
     Outcome,
     Ticker,
     WorkerBase,
+    check_connection_slots,
     is_async,
     outcome,
     refused_for_slots,
@@ -104,6 +105,11 @@ class Worker(WorkerBase):
         s = self.settings
         app = f"pglockkit worker {s.queue}"
         listener = await self._connect(f"{app} listen")  # a wrong DSN raises here, at once
+        try:
+            check_connection_slots(s, *await _calls.arun(listener, _calls.connection_slots()))
+        except BaseException:
+            await listener.close()
+            raise
         tasks: list[asyncio.Task[Any]] = []
         lanes: list[asyncio.Task[None]] = []
         restore = self._install_signal_handlers()

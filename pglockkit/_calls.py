@@ -967,6 +967,19 @@ def _schema_before(exc: Exception, _elapsed: float) -> None:
     raise exc
 
 
+def connection_slots() -> Call[tuple[int, int]]:
+    """The connections this session's role may hold on the server (``max_connections``, less
+    ``superuser_reserved_connections`` for a role that is not a superuser), and
+    ``max_connections``."""
+    return Call(
+        "SELECT current_setting('max_connections')::int - CASE WHEN r.rolsuper THEN 0"
+        " ELSE current_setting('superuser_reserved_connections')::int END,"
+        " current_setting('max_connections')::int"
+        " FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
+        decode=lambda rows: tuple(rows[0]),
+    )
+
+
 def next_rate_token(queue: str) -> Call[float | None]:
     """Seconds until a rate-limited key of ``queue`` that has due jobs gets its next token; None
     when no due job waits for one (or the database predates the function: 0016)."""

@@ -60,7 +60,7 @@ from psycopg.pq import TransactionStatus
 from pglockkit import _calls
 from pglockkit._calls import Call, Job, first_line
 from pglockkit.connection import connect_params
-from pglockkit.errors import Deadlock, RetryableError, SerializationFailure, UnknownJob
+from pglockkit.errors import Deadlock, LimitExceeded, RetryableError, SerializationFailure, UnknownJob
 from pglockkit.retry import TICK_BACKOFF_CAP, backoff
 
 log = logging.getLogger("pglockkit.queue")
@@ -480,6 +480,20 @@ class ConnectGate:
                     self._refused_since_report, now - self._reported,
                 )  # fmt: skip
                 self._reported, self._refused_since_report = now, 0
+
+
+def check_connection_slots(settings: Settings, allowed: int, max_connections: int) -> None:
+    """Refuse, before any lane connects, a worker that needs more connections than the server
+    lets its role hold at all (``concurrency`` lanes, its LISTEN and its heartbeat): it cannot
+    work, and it would take every connection of the server from its other clients."""
+    needed = settings.concurrency + 2
+    if needed > allowed:
+        raise LimitExceeded(
+            f"concurrency {settings.concurrency} needs {needed} connections (one per lane, LISTEN and "
+            f"the heartbeat), and the server lets this role hold {allowed} in all (max_connections "
+            f"{max_connections}): lower concurrency to at most {max(allowed - 2, 0)}, less what other "
+            "clients hold"
+        )
 
 
 class Budget:

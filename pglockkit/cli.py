@@ -24,7 +24,7 @@ from pglockkit import _format as fmt
 from pglockkit._lanes import BATCH, GROUP, GROUP_TIME, LONGEST_PAUSE
 from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
-from pglockkit.errors import PglockkitError
+from pglockkit.errors import LimitExceeded, PglockkitError
 from pglockkit.install import grant, install, status, uninstall
 from pglockkit.releases import RELEASES, release_of
 from pglockkit.retry import TICK_BACKOFF_CAP
@@ -428,7 +428,11 @@ def cmd_work(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pglockkit work: {exc}", file=sys.stderr)
         return 2
-    done = worker.run(max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle)
+    try:
+        done = worker.run(max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle)
+    except LimitExceeded as exc:  # settings the server's limits cannot serve: before any job
+        print(f"pglockkit work: {exc}", file=sys.stderr)
+        return 2
     print(f"processed {done} job(s)", file=sys.stderr)
     return 0
 

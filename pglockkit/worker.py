@@ -39,6 +39,7 @@ from pglockkit._lanes import (
     Ticker,
     Watch,
     WorkerBase,
+    check_connection_slots,
     is_async,
     outcome,
     refused_for_slots,
@@ -187,6 +188,11 @@ class Worker(WorkerBase):
         s = self.settings
         app = f"pglockkit worker {s.queue}"
         listener = psycopg.connect(self.dsn, **worker_params(self.dsn, f"{app} listen"))  # raises at once
+        try:
+            check_connection_slots(s, *_calls.run(listener, _calls.connection_slots()))
+        except BaseException:
+            listener.close()
+            raise
         restore = self._install_signal_handlers()
         lanes: list[threading.Thread] = []
         heartbeat = None

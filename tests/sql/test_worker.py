@@ -631,6 +631,40 @@ def test_cli_refuses_bad_worker_settings(db):
     assert out.returncode == 2 and "group must be between 1 and 64" in out.stderr
 
 
+def test_a_worker_that_needs_more_connections_than_the_server_allows_refuses_to_start(db):
+    """``concurrency`` lanes plus LISTEN and the heartbeat, over what the server lets the role
+    hold at all (the test servers' ``max_connections`` is 300): the worker refuses before any
+    lane connects, from the command line (exit 2) and from Python (threads and asyncio), and
+    claims nothing. A worker of 500 lanes took all 100 connections of a small server."""
+    from scenarios import cli
+
+    q.enqueue(db.conn, "w", {})
+    allowed = db.conn.execute("SELECT current_setting('max_connections')::int").fetchone()[0]  # a superuser
+    too_many = allowed - 1  # needs allowed + 1
+
+    def workers_connected() -> int:
+        return db.conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker %'"
+        ).fetchone()[0]
+
+    out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps",
+              "--concurrency", str(too_many))  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"concurrency {too_many} needs {too_many + 2} connections" in out.stderr
+    assert f"lets this role hold {allowed} in all (max_connections {allowed})" in out.stderr
+    assert "Traceback" not in out.stderr
+    with pytest.raises(pglockkit.LimitExceeded, match="lower concurrency to at most"):
+        pglockkit.Worker(db.dsn, "w", record, concurrency=too_many).run()
+
+    async def main() -> None:
+        with pytest.raises(pglockkit.LimitExceeded, match=f"concurrency {too_many} needs"):
+            await aio.Worker(db.dsn, "w", span_async, concurrency=too_many).run()
+
+    asyncio.run(main())
+    assert db.conn.execute("SELECT status, attempt FROM pglockkit.jobs").fetchall() == [("queued", 0)]
+    assert workers_connected() == 0  # the LISTEN connection that asked was closed
+
+
 @pytest.mark.slow
 def test_exactly_once_with_concurrency_and_groups_while_workers_are_sigkilled(tables):
     """8 processes x concurrency 4 x groups of 10 drain 5,000 jobs while a random one is

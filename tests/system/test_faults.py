@@ -694,10 +694,11 @@ def test_doctor_warns_when_the_workers_connections_near_max_connections(private_
 
 @pytest.mark.slow
 def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_storm(server, tmp_path):
-    """``--concurrency 30`` on a server of ``max_connections = 20``: the lanes that get a
-    connection drain the queue, every job exactly once; the others wait under the process's
-    connect gate. The worker logs one line that the server refuses connections, not one per lane
-    and attempt, and the server sees a few refused connects a second at most, not one per lane.
+    """``--concurrency 16`` (18 connections) on a server of ``max_connections = 20`` where other
+    clients hold 8: the lanes that get a connection drain the queue, every job exactly once; the
+    others wait under the process's connect gate. The worker logs one line that the server refuses
+    connections, not one per lane and attempt, and the server sees a few refused connects a second
+    at most, not one per lane.
     Threads on PostgreSQL 15, asyncio (an ``async def`` handler) on 18: the gate is the
     process's, whatever the server."""
     from replication import Node
@@ -705,14 +706,15 @@ def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_stor
     handler = "queue_handlers:record" if server.name == "pg15" else "queue_handlers:record_async"
 
     node = Node.primary(server.bindir, tmp_path, settings="-c max_connections=20")
-    worker, code, err = None, None, ""
+    worker, code, err, others = None, None, "", []
     try:
         dsn = node.dsn()
         pglockkit.install(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
             q.enqueue_many(conn, "w", [{"sleep": 0.01}] * 400)
-            worker = worker_proc(dsn, "--concurrency", "30", "--poll", "0.2", "--handler", handler)
+            others += [psycopg.connect(dsn) for _ in range(8)]  # the server's other clients
+            worker = worker_proc(dsn, "--concurrency", "16", "--poll", "0.2", "--handler", handler)
             deadline = time.monotonic() + 60
             while conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
                 assert time.monotonic() < deadline, "the lanes that connected did not drain the queue"
@@ -729,6 +731,8 @@ def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_stor
             refused = node.log.read_text().count("too many clients already") - before
         assert refused <= 10, f"{refused} refused connects in 5 s"
     finally:
+        for other in others:
+            other.close()
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
             try:
