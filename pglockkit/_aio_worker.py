@@ -36,7 +36,6 @@ from pglockkit._lanes import (
     check_connection_slots,
     is_async,
     outcome,
-    refused_for_slots,
     undecodable,
     worker_params,
 )
@@ -238,10 +237,8 @@ class Worker(WorkerBase):
         try:
             conn = await AsyncLaneConnection.connect(self.dsn, **params)
         except psycopg.OperationalError as exc:
-            if refused_for_slots(exc):
-                self._gate.refused(exc)
+            if self._gate.connect_failed(exc):
                 return None
-            self._gate.failed()
             raise
         self._gate.connected()
         return conn

@@ -454,6 +454,16 @@ class ConnectGate:
         with self._lock:
             self._trying = False
 
+    def connect_failed(self, exc: BaseException) -> bool:
+        """Report a lane's failed connect: True if the server refused it for want of slots (the
+        gate paces the next try; the lane goes on without a connection), False if the lane must
+        handle the error itself."""
+        if refused_for_slots(exc):
+            self.refused(exc)
+            return True
+        self.failed()
+        return False
+
     def refused(self, exc: BaseException) -> None:
         """The lane's connect was refused for want of slots."""
         with self._lock:

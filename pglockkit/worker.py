@@ -42,7 +42,6 @@ from pglockkit._lanes import (
     check_connection_slots,
     is_async,
     outcome,
-    refused_for_slots,
     undecodable,
     worker_params,
 )
@@ -276,10 +275,8 @@ class Worker(WorkerBase):
         try:
             conn = LaneConnection.connect(self.dsn, **params)
         except psycopg.OperationalError as exc:
-            if refused_for_slots(exc):
-                self._gate.refused(exc)
+            if self._gate.connect_failed(exc):
                 return None
-            self._gate.failed()
             raise
         self._gate.connected()
         return conn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -225,3 +226,31 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pglockkit.cli", *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def assert_done_once(conn: psycopg.Connection, total: int) -> None:
+    """Every one of ``total`` jobs wrote its ``done_log`` row exactly once, with the token of its
+    final claim."""
+    recorded, distinct = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM done_log").fetchone()
+    assert recorded == distinct == total, (recorded, distinct, total)
+    mismatched = conn.execute(
+        "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id WHERE j.token <> d.token"
+    ).fetchone()[0]
+    assert mismatched == 0, f"{mismatched} rows written under a claim that was not the job's last"
+
+
+def stop_workers(workers: list[subprocess.Popen]) -> list[tuple[int, str]]:
+    """SIGTERM each worker process (SIGKILL after 20 s); each one's exit status and stderr, also
+    printed (pytest shows them when the test fails)."""
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    outputs = []
+    for w in workers:
+        try:
+            outputs.append((w.wait(20), w.stderr.read()))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            outputs.append((w.wait(), w.stderr.read()))
+    for code, err in outputs:
+        print(f"worker exit {code}:\n{err[-3000:]}")
+    return outputs

@@ -9,7 +9,6 @@ server's timeline, which grows at every promotion, so they cannot repeat."""
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from replication import Node
-from scenarios import PROMOTED_EPOCH, cli, track, worker_proc
+from scenarios import PROMOTED_EPOCH, assert_done_once, cli, stop_workers, track, worker_proc
 
 import pglockkit
 from pglockkit import monitor
@@ -285,15 +284,7 @@ def test_a_sync_failover_loses_no_job_and_the_clients_follow_the_new_primary(ser
                 assert time.monotonic() < deadline, "the queue was not drained on the new primary"
                 assert all(w.poll() is None for w in workers), "a worker exited instead of following"
                 time.sleep(0.1)
-            recorded, distinct = conn.execute(
-                "SELECT count(*), count(DISTINCT job_id) FROM done_log"
-            ).fetchone()
-            assert recorded == distinct == total
-            assert not _count(
-                conn,
-                "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id"
-                " WHERE j.token <> d.token",
-            )
+            assert_done_once(conn, total)
             # The run and the schedule's slot recorded before the failover are not done again.
             assert _start_run(conn, "nightly", "2026-12-07") is None
             assert _tick(conn) == 0
@@ -329,19 +320,9 @@ def test_a_sync_failover_loses_no_job_and_the_clients_follow_the_new_primary(ser
             )
     finally:
         block_may_end.set()
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        outputs = []
-        for w in workers:
-            try:
-                outputs.append((w.wait(20), w.stderr.read()))
-            except subprocess.TimeoutExpired:
-                w.kill()
-                outputs.append((w.wait(), w.stderr.read()))
+        outputs = stop_workers(workers)
         for node in (primary, standby):
             node.stop("immediate")
-        for code, err in outputs:  # shown if the test failed
-            print(f"worker exit {code}:\n{err[-3000:]}")
     for code, err in outputs:
         assert code == 0, err[-3000:]  # a graceful stop after SIGTERM, on the new primary
         assert "connection lost" in err and "reconnecting in" in err, err[-3000:]

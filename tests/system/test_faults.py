@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from scenarios import worker_proc
+from scenarios import assert_done_once, stop_workers, worker_proc
 
 import pglockkit
 from pglockkit import monitor
@@ -99,15 +99,7 @@ def test_workers_reconnect_after_a_restart_and_every_job_is_done_once(request, s
             ) < len(workers):
                 assert time.monotonic() < deadline, "not every worker reconnected"
                 time.sleep(0.1)
-            recorded, distinct = conn.execute(
-                "SELECT count(*), count(DISTINCT job_id) FROM done_log"
-            ).fetchone()
-            assert recorded == distinct == total
-            assert not _count(
-                conn,
-                "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id"
-                " WHERE j.token <> d.token",
-            )
+            assert_done_once(conn, total)
             # No fencing token handed out before the restart is handed out again after it.
             assert (
                 _count(
@@ -121,15 +113,7 @@ def test_workers_reconnect_after_a_restart_and_every_job_is_done_once(request, s
             again = pglockkit.acquire_lease(conn, "nightly", "pod-b", 1)
             assert again > lease
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        outputs = []
-        for w in workers:
-            try:
-                outputs.append((w.wait(20), w.stderr.read()))
-            except subprocess.TimeoutExpired:
-                w.kill()
-                outputs.append((w.wait(), w.stderr.read()))
+        outputs = stop_workers(workers)
     for code, err in outputs:
         assert code == 0, err[-3000:]  # a graceful stop after SIGTERM
         assert "connection lost" in err and "reconnecting in" in err, err[-3000:]

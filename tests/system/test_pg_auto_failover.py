@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from pgbouncer import TESTS, free_port
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from scenarios import worker_proc
+from scenarios import assert_done_once, stop_workers, worker_proc
 
 import pglockkit
 from pglockkit import queue as q
@@ -254,31 +254,14 @@ def test_workers_go_on_through_a_failover_performed_by_pg_auto_failover(formatio
                 assert time.monotonic() < deadline, "the queue was not drained on the new primary"
                 assert all(w.poll() is None for w in workers), "a worker exited instead of following"
                 time.sleep(0.1)
-            recorded, distinct = conn.execute(
-                "SELECT count(*), count(DISTINCT job_id) FROM done_log"
-            ).fetchone()
-            assert recorded == distinct == total
-            assert not conn.execute(
-                "SELECT count(*) FROM done_log d JOIN pglockkit.jobs j ON j.id = d.job_id"
-                " WHERE j.token <> d.token"
-            ).fetchone()[0]
+            assert_done_once(conn, total)
             # The lease survived (synchronous), its holder keeps its token; a new name's token is on
             # the new timeline, above every token of the old one.
             assert pglockkit.acquire_lease(conn, "nightly", "pod-a", 3600) == before
             after = pglockkit.acquire_lease(conn, "other", "pod-b", 3600)
             assert after >> 47 >= 1 and after > before
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        outputs = []
-        for w in workers:
-            try:
-                outputs.append((w.wait(20), w.stderr.read()))
-            except subprocess.TimeoutExpired:
-                w.kill()
-                outputs.append((w.wait(), w.stderr.read()))
-        for code, err in outputs:
-            print(f"worker exit {code}:\n{err[-3000:]}")
+        outputs = stop_workers(workers)
     for code, err in outputs:
         assert code == 0, err[-3000:]
         assert "connection lost" in err and "reconnecting in" in err, err[-3000:]
