@@ -1,8 +1,9 @@
 """``pglockkit.aio.Worker``: ``pglockkit.Worker`` for ``async def`` handlers, on an asyncio loop.
 
-The same lanes (``pglockkit._lanes``), run as asyncio tasks, each on a connection of its own
-(opened again after a loss, with backoff); one LISTEN connection and one heartbeat task and
-connection per worker: ``concurrency + 2`` connections.
+The same lanes (``pglockkit._lanes``), run as asyncio tasks: ``concurrency`` jobs in flight,
+sharing a pool of ``connections`` (``pglockkit._pool``: a lane holds one only while it needs
+one); one LISTEN connection and one heartbeat task and connection per worker: ``connections + 2``
+connections in all.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Job, first_line
-from pglockkit._lane_connection import AsyncLaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
+    Claim,
     ClaimsConflicted,
     Handle,
     HandlerEndedTransaction,
@@ -36,9 +37,11 @@ from pglockkit._lanes import (
     check_connection_slots,
     is_async,
     outcome,
+    outcome_without_connection,
     undecodable,
     worker_params,
 )
+from pglockkit._pool import AsyncFeeder, AsyncHold, AsyncLazyConnection, AsyncPool, NoConnection, outlived
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import RECONNECT_BASE, backoff
 
@@ -81,6 +84,9 @@ class Worker(WorkerBase):
         self._stopped = asyncio.Event()
         self._in_handler: set[asyncio.Task[Any]] = set()  # lanes awaiting a handler
         self._interrupted: set[asyncio.Task[Any]] = set()  # lanes whose handler run() cancelled
+        self._pool: AsyncPool | None = None
+        self._feeder: AsyncFeeder | None = None
+        self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
@@ -117,14 +123,19 @@ class Worker(WorkerBase):
             heartbeat = await self._connect(f"{app} heartbeat")
             tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
             tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
-            params = worker_params(self.dsn, app)
-            lanes = [asyncio.create_task(self._lane(params, exit_when_idle)) for _ in range(s.concurrency)]
+            self._pool = AsyncPool(
+                self.dsn, worker_params(self.dsn, app), s.connections, self._gate, self._stopping.is_set
+            )
+            self._feeder = AsyncFeeder(self._pool, s, self._notify)
+            lanes = [asyncio.create_task(self._lane(exit_when_idle)) for _ in range(s.concurrency)]
             await self._until_done(lanes)
         finally:
             self._stopping.set()
             self._notify()
             if lanes:
                 await asyncio.gather(*lanes, return_exceptions=True)
+            if self._pool is not None:
+                await self._pool.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -173,45 +184,39 @@ class Worker(WorkerBase):
 
     # --- lanes ----------------------------------------------------------------------------
 
-    async def _lane(self, params: dict[str, Any], exit_when_idle: bool) -> None:
-        """A lane on a connection of its own, opened again after a loss (see worker.py)."""
+    async def _lane(self, exit_when_idle: bool) -> None:
+        """A lane: its jobs one after another, on the pool's connections (see worker.py)."""
+        assert self._pool is not None and self._feeder is not None
         lane = Lane(self.settings, self._watch, self._budget, self._stopping.is_set)
         failures = 0
-        conn: AsyncLaneConnection | None = None
+        hold = AsyncHold(self._pool)
         try:
             while True:
                 if failures and self._stopping.is_set():
                     return  # stopping after a failure: the hand goes back by its lease (see worker.py)
                 kick = self._kick
                 try:
-                    if conn is None or conn.closed:
-                        if wait := self._gate.turn():
-                            with contextlib.suppress(TimeoutError):
-                                await asyncio.wait_for(self._stopped.wait(), wait)
-                            if self._stopping.is_set():
-                                return  # stopping while no connection: as after a failure
-                            continue
-                        conn = await self._lane_connect(params)
-                        if conn is None:
-                            continue
-                    why = await self._drive(lane, conn)
+                    why = await self._drive(lane, hold)
                     token_in = None
                     if why == IDLE:
-                        token_in = await _calls.arun(conn, _calls.next_rate_token(self.queue))
+                        token_in = await self._feeder.next_rate_token()
                     failures = 0
+                except NoConnection:
+                    return  # stopping while the server refuses connections: as after a failure
                 except psycopg.OperationalError as exc:
-                    if _calls.outlived(conn):  # a statement cancelled: the connection goes on
+                    if outlived(exc, hold.conn):  # a statement cancelled: the connection goes on
+                        await hold.release()
                         failures = await self._pause(
                             failures, f"lane error, group rolled back ({first_line(exc)})"
                         )
                         continue
-                    if conn is not None:
-                        await conn.close()
+                    await hold.drop()
                     failures = await self._pause(
                         failures, f"connection lost ({first_line(exc)}); reconnecting"
                     )
                     continue
                 except ClaimsConflicted as exc:  # nothing held, nothing undone
+                    await hold.release()
                     failures = await self._pause(
                         failures, f"{exc} ({first_line(exc.__cause__)}); claiming again"
                     )
@@ -219,29 +224,37 @@ class Worker(WorkerBase):
                 except Exception as exc:  # a statement of the lane failed: its group rolled back
                     if not isinstance(exc, psycopg.Error | PglockkitError):  # a bug: show where
                         log.error("lane error", exc_info=True)
+                    await hold.release()
                     failures = await self._pause(
                         failures, f"lane error, group rolled back ({first_line(exc)})"
                     )
                     continue
                 if why != IDLE or self._stopping.is_set() or (exit_when_idle and token_in is None):
                     return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), self._idle_wait(token_in))
+                await self._wait_for_work(kick, token_in)
         finally:
             lane.forget()
-            if conn is not None:
-                await conn.close()
+            if hold.conn is not None:
+                if hold.conn.info.transaction_status == TransactionStatus.IDLE:
+                    await hold.release()
+                else:
+                    await hold.drop()
 
-    async def _lane_connect(self, params: dict[str, Any]) -> AsyncLaneConnection | None:
-        """A lane's connection, opened under the gate (see worker.py)."""
+    async def _wait_for_work(self, kick: asyncio.Event, token_in: float | None) -> None:
+        """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll interval,
+        or when a rate token that due jobs wait for comes (``next_rate_token``). Each of 2,000
+        idle lanes polling once a second sent 2,000 claims a second for an empty queue; a claim that
+        finds jobs wakes the others (the feeder's ``found``), as a NOTIFY does."""
+        timeout = None
+        if not self._poller:
+            self._poller = True
+            timeout = self._idle_wait(token_in)
         try:
-            conn = await AsyncLaneConnection.connect(self.dsn, **params)
-        except psycopg.OperationalError as exc:
-            if self._gate.connect_failed(exc):
-                return None
-            raise
-        self._gate.connected()
-        return conn
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(kick.wait(), timeout)
+        finally:
+            if timeout is not None:
+                self._poller = False
 
     async def _pause(self, failures: int, what: str) -> int:
         pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
@@ -251,8 +264,9 @@ class Worker(WorkerBase):
             await asyncio.wait_for(self._stopped.wait(), pause)
         return failures + 1
 
-    async def _drive(self, lane: Lane, conn: AsyncLaneConnection) -> str:
-        """Run ``lane.drain`` on ``conn`` until it returns why it stopped."""
+    async def _drive(self, lane: Lane, hold: AsyncHold) -> str:
+        """Run ``lane.drain`` until it returns why it stopped, on a pool connection for each of its
+        round trips and transactions (given back whenever none is open)."""
         while True:
             gen = lane.drain()
             reply: Any = None
@@ -260,18 +274,25 @@ class Worker(WorkerBase):
                 while True:
                     request = gen.send(reply)
                     if isinstance(request, Handle):
-                        reply = await self._handle(conn, request)
+                        reply = await self._handle(hold, request)
+                    elif isinstance(request, Claim):
+                        reply = await self._feeder.claim(request.n)
                     else:
-                        reply = await _calls.arun_pipeline(conn, request.calls)
+                        reply = await _calls.arun_pipeline(await hold.get(), request.calls)
+                    await hold.release()
             except StopIteration as end:
                 return end.value
             except HandlerEndedTransaction as exc:
-                await self._handler_ended_transaction(lane, conn, exc.args[0])
+                assert hold.conn is not None
+                await self._handler_ended_transaction(lane, hold.conn, exc.args[0])
+                await hold.release()
             except BaseException:
                 lane.abandon_group()
-                conn.in_job = False
-                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-                    await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+                conn = hold.conn
+                if conn is not None:
+                    conn.in_job = False
+                    if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                        await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
                 raise
             finally:
                 gen.close()
@@ -287,13 +308,28 @@ class Worker(WorkerBase):
         if error is not None:
             raise error
 
-    async def _handle(self, conn: AsyncLaneConnection, request: Handle) -> Outcome:
-        if (failed := undecodable(request, conn.info.encoding)) is not None:
+    async def _handle(self, hold: AsyncHold, request: Handle) -> Outcome:
+        """Run the handler; an exactly-once one gets the lane's connection if it holds one (a
+        group's), else one that takes a pool connection at its first statement."""
+        assert self._pool is not None and self._pool.sample is not None
+        if (failed := undecodable(request, self._pool.sample.info.encoding)) is not None:
             return failed
-        conn.start_job(request.savepoint)
+        lazy: AsyncLazyConnection | None = None
+        conn: Any = hold.conn
+        if conn is not None:
+            conn.start_job(request.savepoint)
+        elif self.settings.exactly_once:
+            conn = lazy = AsyncLazyConnection(hold, request.savepoint)
         task = asyncio.current_task()
         assert task is not None
         self._in_handler.add(task)
+
+        def ended(exc: BaseException | None = None) -> Outcome:
+            used = hold.conn if lazy is None else lazy.taken
+            if used is None:  # the handler never used a connection
+                return outcome_without_connection(exc, self._pool.sample.info.encoding)
+            return outcome(used, request, self.settings.exactly_once, exc)
+
         try:
             if self.settings.exactly_once:
                 await self.handler(request.job, conn)
@@ -304,16 +340,16 @@ class Worker(WorkerBase):
                 # run() was cancelled (_wind_down): the job's run is cut short, a failed attempt
                 # like any other (its writes roll back to its savepoint); the lane goes on to
                 # record its group and give back the rest.
-                return outcome(conn, request, self.settings.exactly_once, asyncio.CancelledError(INTERRUPTED))
+                return ended(asyncio.CancelledError(INTERRUPTED))
             # The lane's own cancellation (the loop ending, run() cancelled past CANCEL_WAIT) goes
             # on up: its group rolls back. One the handler met inside (it awaited a task someone
             # cancelled) is the job's failure: left to rise, it ended the worker, and the job, run
             # again, ended the next one.
             if task.cancelling():
                 raise
-            return outcome(conn, request, self.settings.exactly_once, exc)
+            return ended(exc)
         except (Exception, SystemExit) as exc:  # a library's sys.exit() too: the job fails
-            return outcome(conn, request, self.settings.exactly_once, exc)
+            return ended(exc)
         except BaseException as exc:
             # A KeyboardInterrupt raised by code (a signal goes to run()'s handler, which stops the
             # worker), a library's own BaseException: the job's failure too (it ended the worker,
@@ -321,13 +357,13 @@ class Worker(WorkerBase):
             # closed), nor anything raised while the lane itself is being cancelled: those go on up.
             if isinstance(exc, GeneratorExit) or (task.cancelling() and task not in self._interrupted):
                 raise
-            return outcome(conn, request, self.settings.exactly_once, exc)
+            return ended(exc)
         finally:
             self._in_handler.discard(task)
             if task in self._interrupted:  # the cancellation was delivered: the lane is not cancelled
                 self._interrupted.discard(task)
                 task.uncancel()
-        return outcome(conn, request, self.settings.exactly_once)
+        return ended()
 
     # --- heartbeat and wake-ups -----------------------------------------------------------
 

@@ -83,6 +83,15 @@ class Pipeline:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """Claim up to ``n`` jobs into the lane's empty hand, in a transaction of its own; the reply is
+    ``([jobs], error)``, as a ``Pipeline`` of the one claim would answer. The driver sends the
+    claims of its lanes that ask at about the same time as one (a ``Feeder``)."""
+
+    n: int
+
+
+@dataclass(frozen=True)
 class Handle:
     """Run the handler on ``job``; the reply is an ``Outcome``. With ``savepoint``, the
     connection makes it before the handler's first statement."""
@@ -154,6 +163,11 @@ def outcome(conn: Any, request: Handle, exactly_once: bool, exc: BaseException |
     return Outcome(None, used)
 
 
+def outcome_without_connection(exc: BaseException | None, encoding: str) -> Outcome:
+    """The outcome of a handler that never took a connection (its savepoint never made)."""
+    return Outcome(None if exc is None else error_text(exc, encoding))
+
+
 def undecodable(request: Handle, encoding: str) -> Outcome | None:
     """The outcome of a job whose payload the worker could not decode (``UndecodablePayload``): a
     failure, its handler not run; None for any other job."""
@@ -178,6 +192,7 @@ class Settings:
     queue: str
     name: str
     concurrency: int
+    connections: int
     batch: int
     group: int
     group_time: float
@@ -194,6 +209,7 @@ class Settings:
         *,
         name: str,
         concurrency: int,
+        connections: int | None,
         batch: int,
         group: int,
         group_time: float,
@@ -208,6 +224,10 @@ class Settings:
             raise ValueError(f"queue must be a non-empty name, got {queue!r}")
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if connections is None:
+            connections = CONNECTIONS
+        elif isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
+            raise ValueError(f"connections must be a positive integer, got {connections!r}")
         if not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise ValueError(f"batch must be between 1 and 1000, got {batch!r}")
         if not isinstance(group, int) or not 1 <= group <= MAX_GROUP:
@@ -239,6 +259,7 @@ class Settings:
             queue,
             name,
             concurrency,
+            min(connections, concurrency),  # a job in flight uses one at most
             batch,
             group,
             group_time,
@@ -254,6 +275,7 @@ class Settings:
 TICK_INTERVAL = 1.0
 
 # A worker's defaults (the CLI shows them).
+CONNECTIONS = 10  # the pool's size: never more than concurrency
 BATCH = 32
 GROUP = 32
 GROUP_TIME = 0.02
@@ -272,6 +294,7 @@ class WorkerBase:
         *,
         name: str | None = None,
         concurrency: int = 1,
+        connections: int | None = None,
         batch: int = BATCH,
         group: int = GROUP,
         group_time: float = GROUP_TIME,
@@ -288,6 +311,7 @@ class WorkerBase:
         self.options = {
             "name": name or default_holder(),
             "concurrency": concurrency,
+            "connections": connections,
             "batch": batch,
             "group": group,
             "group_time": group_time,
@@ -397,25 +421,25 @@ def refused_for_slots(exc: BaseException) -> bool:
 
 
 class ConnectGate:
-    """How a worker process's lanes open connections while the server refuses them for want of
-    slots (53300). Each lane of a process retrying on its own schedule answered a full server
-    with a connect attempt and a warning every few seconds per lane (a process of 500 lanes
-    logged 4,000 lines), and took every slot freed by another client at once. Once the server has
-    refused one, the lanes connect one at a time: a single lane tries, and the others wait for
-    its result; a refusal closes the gate for a full-jitter backoff doubling from ``GATE_BASE``
-    up to ``cap``; a success lets the next lane try at once. The gate logs one line when the
-    server first refuses, one a minute while it goes on, and one when connections are accepted
-    again. ``turn`` and its reports are cheap, never block, and are called by the lanes' drivers
-    (threads or asyncio): sans-IO, the driver does the waiting."""
+    """How a worker process opens its pool's connections while the server refuses them (53300, for
+    want of slots) or cannot be reached (down, restarting, failing over). Every waiting job trying
+    on its own schedule answered a full server with a connect attempt and a warning every few
+    seconds each (a process of 500 lanes logged 4,000 lines), and took every slot freed by another
+    client at once. Once a connect has failed, connections are opened one at a time: a single
+    caller tries, and the others wait for its result; a failure closes the gate for a full-jitter
+    backoff doubling from ``GATE_BASE`` up to ``cap``; a success lets the next caller try at once.
+    The gate logs one line when connects first fail, one a minute while they go on, and one when
+    connections are accepted again. ``turn`` and its reports are cheap, never block, and are called
+    by the pools (threads or asyncio): sans-IO, the caller does the waiting."""
 
     def __init__(self, cap: float, clock: Callable[[], float] = time.monotonic):
         self.cap = cap
         self.clock = clock
         self._lock = threading.Lock()
-        self._refusing = False  # since the first refusal, until a minute passes without one
+        self._refusing = False  # since the first failure, until a minute passes without one
         self._refusals = 0  # in a row, since the last connect that was accepted
         self._closed_until = 0.0
-        self._trying = False  # a lane is connecting under the gate: the others wait for it
+        self._trying = False  # a caller is connecting under the gate: the others wait for it
         self._last_refusal = 0.0
         self._reported = 0.0
         self._refused_since_report = 0
@@ -425,13 +449,18 @@ class ConnectGate:
     def refusing(self) -> bool:
         return self._refusing
 
+    @property
+    def closed(self) -> bool:
+        """The last connect failed and its pause has not passed."""
+        return self._refusing and self.clock() < self._closed_until
+
     def turn(self) -> float:
-        """0 when the calling lane may connect now (then it must report ``connected``,
-        ``refused`` or ``failed``), else the seconds to wait before it asks again."""
+        """0 when the caller may connect now (then it must report ``connected`` or
+        ``connect_failed``), else the seconds to wait before it asks again."""
         with self._lock:
             now = self.clock()
             if self._refusing and not self._trying and now - self._last_refusal > GATE_REPORT_EVERY:
-                self._refusing = False  # a minute without a refusal: every lane on its own again
+                self._refusing = False  # a minute without a failure: every caller on its own again
                 log.warning("the server accepts connections again")
             if not self._refusing:
                 return 0.0
@@ -447,25 +476,10 @@ class ConnectGate:
             self._trying = False
             if self._refusing and self._refusals:
                 self._refusals = 0
-                log.info("a connection was accepted; the lanes still waiting connect one at a time")
+                log.info("a connection was accepted; connections are still opened one at a time")
 
-    def failed(self) -> None:
-        """The lane's connect failed for another reason (the lane reports it as it did)."""
-        with self._lock:
-            self._trying = False
-
-    def connect_failed(self, exc: BaseException) -> bool:
-        """Report a lane's failed connect: True if the server refused it for want of slots (the
-        gate paces the next try; the lane goes on without a connection), False if the lane must
-        handle the error itself."""
-        if refused_for_slots(exc):
-            self.refused(exc)
-            return True
-        self.failed()
-        return False
-
-    def refused(self, exc: BaseException) -> None:
-        """The lane's connect was refused for want of slots."""
+    def connect_failed(self, exc: BaseException) -> None:
+        """Report a failed connect: the gate closes and paces the next try."""
         with self._lock:
             now = self.clock()
             self._trying = False
@@ -478,30 +492,34 @@ class ConnectGate:
             if not self._refusing:
                 self._refusing = True
                 self._reported, self._refused_since_report = now, 0
+                hint = (
+                    "; lower --connections or free connections (pglockkit doctor counts them)"
+                    if refused_for_slots(exc)
+                    else ""
+                )
                 log.warning(
-                    "the server refuses connections (%s): lanes without one wait and connect one at a "
-                    "time, one try every %g s at most; lower --concurrency or free connections "
-                    "(pglockkit doctor counts them)",
-                    first_line(exc), self.cap,
+                    "the server refuses connections (%s): jobs that need one wait, and connections "
+                    "are opened one at a time, one try every %g s at most%s",
+                    first_line(exc), self.cap, hint,
                 )  # fmt: skip
             elif now - self._reported >= GATE_REPORT_EVERY:
                 log.warning(
-                    "the server still refuses connections: %d refusal(s) in the last %.0f s",
-                    self._refused_since_report, now - self._reported,
+                    "the server still refuses connections: %d refusal(s) in the last %.0f s (%s)",
+                    self._refused_since_report, now - self._reported, first_line(exc),
                 )  # fmt: skip
                 self._reported, self._refused_since_report = now, 0
 
 
 def check_connection_slots(settings: Settings, allowed: int, max_connections: int) -> None:
-    """Refuse, before any lane connects, a worker that needs more connections than the server
-    lets its role hold at all (``concurrency`` lanes, its LISTEN and its heartbeat): it cannot
-    work, and it would take every connection of the server from its other clients."""
-    needed = settings.concurrency + 2
+    """Refuse, before its pool connects, a worker that needs more connections than the server
+    lets its role hold at all (its pool, its LISTEN and its heartbeat): it cannot work, and it
+    would take every connection of the server from its other clients."""
+    needed = settings.connections + 2
     if needed > allowed:
         raise LimitExceeded(
-            f"concurrency {settings.concurrency} needs {needed} connections (one per lane, LISTEN and "
+            f"connections {settings.connections} needs {needed} connections (the pool, LISTEN and "
             f"the heartbeat), and the server lets this role hold {allowed} in all (max_connections "
-            f"{max_connections}): lower concurrency to at most {max(allowed - 2, 0)}, less what other "
+            f"{max_connections}): lower connections to at most {max(allowed - 2, 0)}, less what other "
             "clients hold"
         )
 
@@ -715,7 +733,7 @@ class Lane:
 
     # --- the loop -------------------------------------------------------------------------
 
-    def drain(self) -> Generator[Pipeline | Handle, Any, str]:
+    def drain(self) -> Generator[Pipeline | Claim | Handle, Any, str]:
         """Run groups until the queue has no job for this lane (IDLE), the worker stops (STOPPED:
         unstarted jobs are given back) or ``max_jobs`` is reached (SPENT)."""
         while True:
@@ -742,13 +760,13 @@ class Lane:
     def _closing(self, started: float, finished: int) -> bool:
         return finished >= self.s.group or time.monotonic() - started >= self.s.group_time or self.stopping()
 
-    def _claim_alone(self) -> Generator[Pipeline, Any, str | None]:
+    def _claim_alone(self) -> Generator[Claim, Any, str | None]:
         """Claim into an empty hand, in a transaction of its own."""
         n = self._claim_size()
         if n == 0:  # stopping, or max_jobs reached or reserved by other lanes
             return STOPPED if self.stopping() else SPENT
         for attempt in range(CLAIM_TRIES):
-            results, error = yield Pipeline([self._claim(n)])
+            results, error = yield Claim(n)
             if not isinstance(error, SerializationFailure | Deadlock) or attempt == CLAIM_TRIES - 1:
                 break
             # A claim conflicted (40001 under REPEATABLE READ or SERIALIZABLE as the database's
@@ -763,7 +781,7 @@ class Lane:
         self._took(results[0], n)
         return None if self.hand else IDLE
 
-    def _group(self) -> Generator[Pipeline | Handle, Any, str | None]:
+    def _group(self) -> Generator[Pipeline | Claim | Handle, Any, str | None]:
         """One group of exactly-once jobs in one transaction. Returns IDLE when the queue had no
         job for the lane, STOPPED or SPENT, or None to go on."""
         if not self.hand:
@@ -822,7 +840,7 @@ class Lane:
         self.group_xid = None  # the transaction ends with the record: no handler can end it now
         return (yield from self._record(done, failed, begin=False, extend_hand=True))
 
-    def _alone(self) -> Generator[Pipeline | Handle, Any, str | None]:
+    def _alone(self) -> Generator[Pipeline | Claim | Handle, Any, str | None]:
         """One exactly-once job in a transaction of its own (slow jobs, or one in hand). Its row
         is not locked while the handler runs, so the heartbeat keeps renewing its lease however
         long it runs; ``complete_job`` then tells whether the claim is still ours, and a stale
@@ -860,7 +878,7 @@ class Lane:
             return None
         return (yield from self._record([], [], begin=False, completed=[job]))
 
-    def _buffered_group(self) -> Generator[Pipeline | Handle, Any, str | None]:
+    def _buffered_group(self) -> Generator[Pipeline | Claim | Handle, Any, str | None]:
         """At-least-once jobs: handlers outside any transaction, their outcomes recorded with the
         next claim in one transaction."""
         if not self.hand:
@@ -948,7 +966,11 @@ class Lane:
         if extend_hand and self.hand:
             calls.append(_calls.extend_many(list(self.hand), self.s.lease))
         n_outcomes = len(calls)
-        n = 0 if self.hand else self._claim_size()
+        # A lane of fast jobs claims its next ones with this commit. A lane of slow jobs (slower
+        # than group_time) claims when its hand is empty, with the process's other lanes (Claim):
+        # 2,000 lanes of 1 s jobs claiming one job each with their commits sent 2,000 claims a
+        # second, and the feeder sends a few.
+        n = 0 if self.hand or self.job_seconds >= self.s.group_time else self._claim_size()
         if n:
             calls += [_calls.savepoint(0), self._claim(n)]
         results, error = yield Pipeline([*calls, _calls.statement("COMMIT")])

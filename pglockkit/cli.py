@@ -21,7 +21,7 @@ import psycopg
 
 from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs, scheduling
 from pglockkit import _format as fmt
-from pglockkit._lanes import BATCH, GROUP, GROUP_TIME, LONGEST_PAUSE
+from pglockkit._lanes import BATCH, CONNECTIONS, GROUP, GROUP_TIME, LONGEST_PAUSE
 from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import LimitExceeded, PglockkitError
@@ -419,6 +419,7 @@ def cmd_work(args: argparse.Namespace) -> int:
             handler,
             name=args.name,
             concurrency=args.concurrency,
+            connections=args.connections,
             batch=args.batch,
             group=args.group,
             group_time=args.group_time.total_seconds(),
@@ -854,8 +855,10 @@ def build_parser() -> argparse.ArgumentParser:
         "share one commit, a savepoint each (--group, --group-time). handler(job), with no "
         "connection, runs outside any transaction and its completions are recorded in batches "
         "(at least once: a crash runs those jobs again). Raising records a failed attempt, retried "
-        "with backoff. An `async def` handler runs on an asyncio loop. Connections per process: "
-        "--concurrency + 2. SIGTERM/SIGINT finish the jobs in hand and stop.",
+        "with backoff. An `async def` handler runs on an asyncio loop. A job in flight holds a "
+        "connection only while it uses one (from its handler's first statement to its commit); "
+        "connections per process: --connections + 2 (LISTEN and the heartbeat), whatever "
+        "--concurrency is. SIGTERM/SIGINT finish the jobs in hand and stop.",
     )
     p.add_argument("--queue", required=True)
     p.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
@@ -864,7 +867,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="jobs run at once in this process, on N threads or N asyncio tasks (default 1)",
+        help="jobs in flight in this process, on N threads or N asyncio tasks (default 1); "
+        "thousands for async handlers that wait on an API, a few hundred for threads",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"the process's pool of connections, shared by its jobs in flight (default "
+        f"{CONNECTIONS}, and never more than --concurrency)",
     )
     p.add_argument(
         "--batch",

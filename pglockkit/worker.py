@@ -1,11 +1,12 @@
 """``pglockkit.Worker``: claim jobs of a queue and run a handler on each, many at once per process.
 
-Per process, whatever ``concurrency`` is: ``concurrency`` lanes, each a thread running jobs one
-after another on a connection of its own (opened again after a loss, with backoff); one
-LISTEN connection (the thread that called ``run``), which wakes idle lanes on NOTIFY; one
-heartbeat thread and connection, which extends every job in hand with one ``extend_jobs``
-statement per tick. So ``concurrency + 2`` connections. What a lane does (group commit, exactly
-once or at least once) is ``pglockkit._lanes``.
+Per process: ``concurrency`` lanes, each a thread running jobs one after another, sharing a pool
+of ``connections`` (``pglockkit._pool``: a lane holds a connection only while it needs one, and
+one that is lost is opened again); one LISTEN connection (the thread that called ``run``), which
+wakes idle lanes on NOTIFY; one heartbeat thread and connection, which extends every job in hand
+with one ``extend_jobs`` statement per tick. So ``connections + 2`` connections, whatever
+``concurrency`` is. What a lane does (group commit, exactly once or at least once) is
+``pglockkit._lanes``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Job, first_line
-from pglockkit._lane_connection import LaneConnection
 from pglockkit._lanes import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
     Budget,
+    Claim,
     ClaimsConflicted,
     Handle,
     HandlerEndedTransaction,
@@ -42,9 +43,11 @@ from pglockkit._lanes import (
     check_connection_slots,
     is_async,
     outcome,
+    outcome_without_connection,
     undecodable,
     worker_params,
 )
+from pglockkit._pool import Feeder, Hold, LazyConnection, NoConnection, Pool, outlived
 from pglockkit.errors import PglockkitError
 from pglockkit.retry import RECONNECT_BASE, backoff
 
@@ -140,6 +143,9 @@ class Worker(WorkerBase):
         self._wakeups = 0
         self._stop_asked = False  # by stop(): a plain flag, which a signal handler may set
         self._delegate: Any = None
+        self._pool: Pool | None = None
+        self._feeder: Feeder | None = None
+        self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
         if is_async(self.handler):
             from pglockkit.aio import Worker as AsyncWorker
 
@@ -198,12 +204,13 @@ class Worker(WorkerBase):
         try:
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
-            params = worker_params(self.dsn, app)
+            self._pool = Pool(
+                self.dsn, worker_params(self.dsn, app), s.connections, self._gate, self._asked_to_stop
+            )
+            self._feeder = Feeder(self._pool, s, self._notify)
             for i in range(s.concurrency):
                 lanes.append(
-                    threading.Thread(
-                        target=self._lane, args=(params, exit_when_idle), name=f"pglockkit-lane-{i}"
-                    )
+                    threading.Thread(target=self._lane, args=(exit_when_idle,), name=f"pglockkit-lane-{i}")
                 )
                 lanes[-1].start()
             listener = self._listen(listener, lanes)
@@ -214,18 +221,21 @@ class Worker(WorkerBase):
                 t.join()
             if heartbeat is not None:
                 heartbeat.close()
+            if self._pool is not None:
+                self._pool.close()
             listener.close()
             restore()
         return self.processed
 
     # --- lanes ----------------------------------------------------------------------------
 
-    def _lane(self, params: dict[str, Any], exit_when_idle: bool) -> None:
-        """A lane on a connection of its own, opened again after a loss with the worker's backoff
-        (a pool reconnected on its own schedule: 1 s doubling, so up to a minute late)."""
+    def _lane(self, exit_when_idle: bool) -> None:
+        """A lane: its jobs one after another, on the pool's connections; a lost one is dropped and
+        the lane pauses with the worker's backoff."""
+        assert self._pool is not None and self._feeder is not None
         lane = Lane(self.settings, self._watch, self._budget, self._asked_to_stop)
         failures = 0
-        conn: LaneConnection | None = None
+        hold = Hold(self._pool)
         try:
             while True:
                 if failures and self._asked_to_stop():
@@ -234,31 +244,29 @@ class Worker(WorkerBase):
                     return
                 seen = self._wakeups
                 try:
-                    if conn is None or conn.closed:
-                        if wait := self._gate.turn():
-                            if self._sleep(wait):
-                                return  # stopping while no connection: as after a failure
-                            continue
-                        conn = self._lane_connect(params)
-                        if conn is None:
-                            continue
-                    why = self._drive(lane, conn)
-                    token_in = None if why != IDLE else _calls.run(conn, _calls.next_rate_token(self.queue))
+                    why = self._drive(lane, hold)
+                    token_in = None
+                    if why == IDLE:
+                        token_in = self._feeder.next_rate_token()
                     failures = 0
+                except NoConnection:
+                    return  # stopping while the server refuses connections: as after a failure
                 except psycopg.OperationalError as exc:
-                    if _calls.outlived(conn):  # a statement cancelled: the connection goes on
+                    if outlived(exc, hold.conn):  # a statement cancelled: the connection goes on
+                        hold.release()
                         failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
                         continue
-                    if conn is not None:
-                        conn.close()
+                    hold.drop()
                     failures = self._pause(failures, f"connection lost ({first_line(exc)}); reconnecting")
                     continue
                 except ClaimsConflicted as exc:  # nothing held, nothing undone
+                    hold.release()
                     failures = self._pause(failures, f"{exc} ({first_line(exc.__cause__)}); claiming again")
                     continue
                 except Exception as exc:  # a statement of the lane failed: its group rolled back
                     if not isinstance(exc, psycopg.Error | PglockkitError):  # a bug: show where
                         log.error("lane error", exc_info=True)
+                    hold.release()
                     failures = self._pause(failures, f"lane error, group rolled back ({first_line(exc)})")
                     continue
                 if why != IDLE or self._asked_to_stop() or (exit_when_idle and token_in is None):
@@ -266,20 +274,11 @@ class Worker(WorkerBase):
                 self._wait_for_work(seen, token_in)
         finally:
             lane.forget()
-            if conn is not None:
-                conn.close()
-
-    def _lane_connect(self, params: dict[str, Any]) -> LaneConnection | None:
-        """A lane's connection, opened under the gate; None when the server refused it for want of
-        slots (the gate says so and paces the next try)."""
-        try:
-            conn = LaneConnection.connect(self.dsn, **params)
-        except psycopg.OperationalError as exc:
-            if self._gate.connect_failed(exc):
-                return None
-            raise
-        self._gate.connected()
-        return conn
+            if hold.conn is not None:
+                if hold.conn.info.transaction_status == TransactionStatus.IDLE:
+                    hold.release()
+                else:
+                    hold.drop()
 
     def _sleep(self, seconds: float) -> bool:
         """Wait, looking for a stop() every quarter of a second; True if asked to stop."""
@@ -305,8 +304,9 @@ class Worker(WorkerBase):
             time.sleep(min(left, STOP_LOOK))
         return failures + 1
 
-    def _drive(self, lane: Lane, conn: LaneConnection) -> str:
-        """Run ``lane.drain`` on ``conn`` until it returns why it stopped."""
+    def _drive(self, lane: Lane, hold: Hold) -> str:
+        """Run ``lane.drain`` until it returns why it stopped, on a pool connection for each of its
+        round trips and transactions (given back whenever none is open)."""
         while True:
             gen = lane.drain()
             reply: Any = None
@@ -314,26 +314,43 @@ class Worker(WorkerBase):
                 while True:
                     request = gen.send(reply)
                     if isinstance(request, Handle):
-                        reply = self._handle(conn, request)
+                        reply = self._handle(hold, request)
+                    elif isinstance(request, Claim):
+                        reply = self._feeder.claim(request.n)
                     else:
-                        reply = _calls.run_pipeline(conn, request.calls)
+                        reply = _calls.run_pipeline(hold.get(), request.calls)
+                    hold.release()
             except StopIteration as end:
                 return end.value
             except HandlerEndedTransaction as exc:
-                self._handler_ended_transaction(lane, conn, exc.args[0])
+                assert hold.conn is not None
+                self._handler_ended_transaction(lane, hold.conn, exc.args[0])
+                hold.release()
             except BaseException:
                 lane.abandon_group()
-                conn.in_job = False
-                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-                    _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
+                conn = hold.conn
+                if conn is not None:
+                    conn.in_job = False
+                    if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                        _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
                 raise
             finally:
                 gen.close()
 
-    def _handle(self, conn: LaneConnection, request: Handle) -> Outcome:
-        if (failed := undecodable(request, conn.info.encoding)) is not None:
+    def _handle(self, hold: Hold, request: Handle) -> Outcome:
+        """Run the handler; an exactly-once one gets the lane's connection if it holds one (a
+        group's), else one that takes a pool connection when first used."""
+        assert self._pool is not None and self._pool.sample is not None
+        encoding = self._pool.sample.info.encoding
+        if (failed := undecodable(request, encoding)) is not None:
             return failed
-        conn.start_job(request.savepoint)
+        lazy: LazyConnection | None = None
+        conn: Any = hold.conn
+        if conn is not None:
+            conn.start_job(request.savepoint)
+        elif self.settings.exactly_once:
+            conn = lazy = LazyConnection(hold, request.savepoint)
+        error: BaseException | None = None
         try:
             if self.settings.exactly_once:
                 result = self.handler(request.job, conn)
@@ -347,8 +364,11 @@ class Worker(WorkerBase):
             # a library's own unwinding exception) ended the lane's thread without a word, the
             # job left running until its lease, and run() returned as if the queue were done. A
             # lane thread gets no signal's KeyboardInterrupt: the main thread handles SIGINT.
-            return outcome(conn, request, self.settings.exactly_once, exc)
-        return outcome(conn, request, self.settings.exactly_once)
+            error = exc
+        used = hold.conn if lazy is None else lazy.taken
+        if used is None:  # the handler never used a connection
+            return outcome_without_connection(error, encoding)
+        return outcome(used, request, self.settings.exactly_once, error)
 
     def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
         """The handler ran COMMIT or ROLLBACK on the worker's transaction: this job is recorded as
@@ -371,13 +391,21 @@ class Worker(WorkerBase):
             self._wake.notify_all()
 
     def _wait_for_work(self, seen: int, token_in: float | None) -> None:
-        """Until a NOTIFY, a stop, the poll interval, or a rate token that due jobs wait for."""
-        deadline = time.monotonic() + self._idle_wait(token_in)
+        """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll interval,
+        or when a rate token that due jobs wait for comes (see aio.Worker._wait_for_work)."""
         with self._wake:
-            while self._wakeups == seen and not self._asked_to_stop():
-                if (left := deadline - time.monotonic()) <= 0:
-                    return
-                self._wake.wait(min(left, STOP_LOOK))
+            poller = not self._poller
+            self._poller = True
+            deadline = time.monotonic() + self._idle_wait(token_in) if poller else None
+            try:
+                while self._wakeups == seen and not self._asked_to_stop():
+                    left = STOP_LOOK if deadline is None else deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._wake.wait(min(left, STOP_LOOK))
+            finally:
+                if poller:
+                    self._poller = False
 
     def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
         """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""

@@ -66,36 +66,44 @@ def test_concurrency_respects_per_key_limits(tables, handler):
 
 
 @pytest.mark.parametrize("handler", [span, span_async], ids=["threads", "asyncio"])
-def test_connections_per_process_are_concurrency_plus_two(tables, handler):
+def test_jobs_in_flight_share_a_pool_of_connections_plus_two(tables, handler):
+    """docs/queue.md: a job holds a connection only while it uses one. 12 jobs in flight that each
+    wait 0.2 s and then write, on a pool of 3: all 12 run at once (a lane per connection ran 3 at
+    a time), and the process never holds more than its 3 plus LISTEN and the heartbeat, sampled
+    from pg_stat_activity while it drains. Once it returns, all of them are closed."""
     db = tables
-    q.enqueue_many(db.conn, "w", [{"sleep": 0.05}] * 4)
-    worker = pglockkit.Worker(db.dsn, "w", handler, concurrency=5)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
+    q.enqueue_many(db.conn, "w", [{"sleep": 0.2}] * 36)
+    worker = pglockkit.Worker(db.dsn, "w", handler, concurrency=12, connections=3)
+    peak: dict[str, int] = {}
+    sampling = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            while not sampling.is_set():
+                for app, n in conn.execute(
+                    "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = "
+                    "current_database() AND application_name LIKE 'pglockkit worker w%' GROUP BY 1"
+                ):
+                    peak[app] = max(peak.get(app, 0), n)
+                time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.monotonic()
     try:
-        deadline = time.monotonic() + 20
-        while db.conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.3)  # idle now: lanes, LISTEN and heartbeat all stay connected
-        rows = dict(
-            db.conn.execute(
-                "SELECT application_name, count(*) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'pglockkit worker w%%' GROUP BY 1"
-            ).fetchall()
-        )
+        assert worker.run(exit_when_idle=True) == 36
     finally:
-        worker.stop()
-        thread.join(20)
-    assert not thread.is_alive()
-    assert rows == {
-        "pglockkit worker w": 5,
-        "pglockkit worker w listen": 1,
-        "pglockkit worker w heartbeat": 1,
-    }
+        elapsed = time.monotonic() - started
+        sampling.set()
+        sampler.join(10)
+    assert db.conn.execute("SELECT count(DISTINCT job_id) FROM spans").fetchone()[0] == 36
+    assert _max_overlap(db.conn) == 12
+    assert elapsed < 36 * 0.2 / 3 * 0.75, elapsed  # 3 at a time: 2.4 s; 12 at a time about 0.6
+    assert peak == {"pglockkit worker w": 3, "pglockkit worker w listen": 1, "pglockkit worker w heartbeat": 1}
     deadline = time.monotonic() + 10  # and all of them closed once it returned
     while db.conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker w%%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'pglockkit worker w%%'"
     ).fetchone()[0]:
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -347,7 +355,7 @@ def test_stop_during_an_outage_returns_at_once(tables, asynchronous):
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
-    while db.conn.execute(app).fetchone()[0] < 4:  # 2 lanes, the heartbeat, the listener
+    while db.conn.execute(app).fetchone()[0] < 3:  # the pool's claims, the heartbeat, the listener
         assert time.monotonic() < deadline
         time.sleep(0.02)
     with psycopg.connect(db.server.dsn(), autocommit=True) as admin:
@@ -634,10 +642,11 @@ def test_cli_refuses_bad_worker_settings(db):
 
 
 def test_a_worker_that_needs_more_connections_than_the_server_allows_refuses_to_start(db):
-    """``concurrency`` lanes plus LISTEN and the heartbeat, over what the server lets the role
-    hold at all (the test servers' ``max_connections`` is 300): the worker refuses before any
-    lane connects, from the command line (exit 2) and from Python (threads and asyncio), and
-    claims nothing. A worker of 500 lanes took all 100 connections of a small server."""
+    """A pool of ``connections`` plus LISTEN and the heartbeat, over what the server lets the
+    role hold at all (the test servers' ``max_connections`` is 300): the worker refuses before
+    its pool connects, from the command line (exit 2) and from Python (threads and asyncio), and
+    claims nothing. A worker of 500 lanes took all 100 connections of a small server. Many more
+    jobs in flight than that (``concurrency``) on a small pool are fine."""
     from scenarios import cli
 
     q.enqueue(db.conn, "w", {})
@@ -659,17 +668,17 @@ def test_a_worker_that_needs_more_connections_than_the_server_allows_refuses_to_
             time.sleep(0.05)
 
     out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps",
-              "--concurrency", str(too_many))  # fmt: skip
+              "--concurrency", "1000", "--connections", str(too_many))  # fmt: skip
     assert out.returncode == 2, out.stderr
-    assert f"concurrency {too_many} needs {too_many + 2} connections" in out.stderr
+    assert f"connections {too_many} needs {too_many + 2} connections" in out.stderr
     assert f"lets this role hold {allowed} in all (max_connections {allowed})" in out.stderr
     assert "Traceback" not in out.stderr
-    with pytest.raises(pglockkit.LimitExceeded, match="lower concurrency to at most"):
-        pglockkit.Worker(db.dsn, "w", record, concurrency=too_many).run()
+    with pytest.raises(pglockkit.LimitExceeded, match="lower connections to at most"):
+        pglockkit.Worker(db.dsn, "w", record, concurrency=too_many, connections=too_many).run()
 
     async def main() -> None:
-        with pytest.raises(pglockkit.LimitExceeded, match=f"concurrency {too_many} needs"):
-            await aio.Worker(db.dsn, "w", span_async, concurrency=too_many).run()
+        with pytest.raises(pglockkit.LimitExceeded, match=f"connections {too_many} needs"):
+            await aio.Worker(db.dsn, "w", span_async, concurrency=too_many, connections=too_many).run()
 
     asyncio.run(main())
     assert db.conn.execute("SELECT status, attempt FROM pglockkit.jobs").fetchall() == [("queued", 0)]

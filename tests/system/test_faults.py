@@ -646,19 +646,28 @@ def test_stop_returns_soon_while_the_heartbeat_is_opening_its_connection_again(p
 
 @pytest.mark.slow
 def test_doctor_warns_when_the_workers_connections_near_max_connections(private_server):
-    """A worker process holds a connection per lane plus 2 (LISTEN, heartbeat): with
-    ``--concurrency 44`` on a server of ``max_connections = 60`` (57 for roles that are not
-    superusers), it holds 46, past the 80% at which ``doctor`` warns, and the warning says how
-    many are the workers'. With the worker gone, the warning goes."""
+    """A worker process holds its pool plus 2 (LISTEN, heartbeat): with ``connections=44`` and
+    44 jobs at once that each sleep in SQL, on a server of ``max_connections = 60`` (57 for roles
+    that are not superusers), it holds 46, past the 80% at which ``doctor`` warns, and the warning
+    says how many are the workers'. With the worker gone, the warning goes."""
     dsn = private_server.dsn()
     concurrency = 44
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        q.enqueue_many(conn, "w", [{}] * 400)
 
     def workers_connections(conn) -> int:
         return conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pglockkit worker %'"
         ).fetchone()[0]
 
-    worker = pglockkit.Worker(dsn, "w", lambda job, conn: None, concurrency=concurrency, poll_interval=0.2)
+    worker = pglockkit.Worker(
+        dsn,
+        "w",
+        lambda job, conn: conn.execute("SELECT pg_sleep(0.2)"),
+        concurrency=concurrency,
+        connections=concurrency,
+        poll_interval=0.2,
+    )
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
@@ -678,7 +687,7 @@ def test_doctor_warns_when_the_workers_connections_near_max_connections(private_
 
 @pytest.mark.slow
 def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_storm(server, tmp_path):
-    """``--concurrency 16`` (18 connections) on a server of ``max_connections = 20`` where other
+    """``--connections 16`` (18 connections) on a server of ``max_connections = 20`` where other
     clients hold 8: the lanes that get a connection drain the queue, every job exactly once; the
     others wait under the process's connect gate. The worker logs one line that the server refuses
     connections, not one per lane and attempt, and the server sees a few refused connects a second
@@ -698,7 +707,9 @@ def test_a_worker_with_more_lanes_than_the_server_has_slots_waits_without_a_stor
             conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
             q.enqueue_many(conn, "w", [{"sleep": 0.01}] * 400)
             others += [psycopg.connect(dsn) for _ in range(8)]  # the server's other clients
-            worker = worker_proc(dsn, "--concurrency", "16", "--poll", "0.2", "--handler", handler)
+            worker = worker_proc(
+                dsn, "--concurrency", "16", "--connections", "16", "--poll", "0.2", "--handler", handler
+            )
             deadline = time.monotonic() + 60
             while conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
                 assert time.monotonic() < deadline, "the lanes that connected did not drain the queue"

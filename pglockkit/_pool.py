@@ -1,0 +1,690 @@
+"""A worker process's connections: a pool of ``connections`` lane connections that its jobs in
+flight share, and the connection a handler gets before it has one.
+
+A lane holds a pool connection only while it needs one: for a round trip of its own (a claim, a
+group's outcomes), for the life of a transaction (a group of fast jobs, or one job from its
+handler's first statement to its commit), never while a handler waits outside the database with
+nothing to commit. So ``concurrency`` (jobs in flight) and ``connections`` are two numbers: a
+process of 2,000 jobs that each wait a second on a model and then write for a millisecond needs
+a few connections, not 2,000.
+
+A pool opens connections on demand, up to its size, through the worker's ``ConnectGate``: while
+the server refuses connections (full, down, restarting) they are opened one at a time with
+backoff, and callers wait their turn; nobody sees the error. A connection is handed straight to
+the caller that has waited longest (no thundering herd of thousands of waiting tasks). A
+connection given back broken, closed or inside a transaction is closed and its place freed.
+
+Lanes whose hands are empty claim through the process's feeder (``AsyncFeeder``, ``Feeder``):
+the claims of the lanes that ask while one is in flight go as one ``claim_job`` of their sizes
+added up (a few statements for 1,000 free lanes, not 1,000), and its jobs are dealt out in the
+order the lanes asked. So are the lanes' ``next_rate_token`` questions: one statement answers
+all that asked at once.
+
+``AsyncPool`` and ``Pool`` are the same pool for ``pglockkit.aio.Worker`` (asyncio) and
+``pglockkit.Worker`` (threads); so are the feeders, ``AsyncLazyConnection`` and
+``LazyConnection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from pglockkit import _calls
+from pglockkit._calls import Call, Job
+from pglockkit._lane_connection import NOT_YOURS_TO_END, AsyncLaneConnection, LaneConnection
+from pglockkit._lanes import ConnectGate, Settings, give_back_calls
+
+log = logging.getLogger("pglockkit.queue")
+
+RECHECK = 0.25  # seconds: how often a caller waiting for a connection looks at the gate and the stop
+MOST_PER_CLAIM = 1000  # claim_job's batch, at most: a feeder's larger claims go as several
+
+
+def statement_failed(exc: BaseException) -> None:
+    """Mark an ``OperationalError`` raised on a connection that outlived it (a statement cancelled
+    by a timeout: ``_calls.outlived``), for a lane that did not hold that connection."""
+    exc.pglockkit_outlived = True  # type: ignore[attr-defined]
+
+
+def outlived(exc: BaseException, conn: Any) -> bool:
+    """Whether the connection that raised ``exc`` is still usable: the lane's own, or the one a
+    feeder sent its claim on."""
+    if conn is not None:
+        return _calls.outlived(conn)
+    return getattr(exc, "pglockkit_outlived", False)
+
+
+def _claim_calls(s: Settings, total: int, token: bool) -> list[Call[Any]]:
+    calls: list[Call[Any]] = [
+        _calls.claim(s.queue, s.name, s.lease, min(MOST_PER_CLAIM, total - i), tolerant=True)
+        for i in range(0, total, MOST_PER_CLAIM)
+    ]
+    return [*calls, _calls.next_rate_token(s.queue)] if token else calls
+
+
+def _deal(results: list[Any], n_claims: int, sizes: list[int]) -> tuple[list[list[Job]], list[Job]]:
+    """The claimed jobs dealt out, in the order the lanes asked: each gets up to its size; and the
+    jobs left over (asked for by lanes that gave up waiting)."""
+    jobs = [job for claimed in results[:n_claims] for job in claimed]
+    dealt = []
+    for n in sizes:
+        dealt.append(jobs[:n])
+        jobs = jobs[n:]
+    return dealt, jobs
+
+
+def _reusable(conn: psycopg.BaseConnection[Any]) -> bool:
+    return not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+class AsyncPool:
+    """Up to ``size`` ``AsyncLaneConnection`` shared by a worker's lanes (see the module)."""
+
+    def __init__(
+        self, dsn: str, params: dict[str, Any], size: int, gate: ConnectGate, stopping: Callable[[], bool]
+    ):
+        self.dsn, self.params, self.size, self.gate, self.stopping = dsn, params, size, gate, stopping
+        self._idle: list[AsyncLaneConnection] = []
+        self._open = 0  # open or being opened
+        self._waiters: deque[asyncio.Future[AsyncLaneConnection | None]] = deque()
+        self.sample: AsyncLaneConnection | None = None  # any connection opened: its info, adapters
+        self.peak = 0
+
+    async def get(self) -> AsyncLaneConnection | None:
+        """A connection, waiting for one if need be; None when the worker stops while none can be
+        opened (the server refuses connections): the caller's jobs go back by their lease."""
+        while True:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+                self._open -= 1
+            wait = RECHECK
+            if self._open < self.size:
+                if (wait := self.gate.turn()) == 0:
+                    conn = await self._connect()
+                    if conn is not None:
+                        return conn
+                    wait = RECHECK
+                elif self.stopping():
+                    return None
+            fut: asyncio.Future[AsyncLaneConnection | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait([fut], timeout=min(wait, RECHECK))
+            except BaseException:  # cancelled: a connection handed over meanwhile goes back
+                if fut.done() and not fut.cancelled() and (conn := fut.result()) is not None:
+                    await self.put(conn)
+                fut.cancel()
+                raise
+            if fut.done() and (conn := fut.result()) is not None:
+                return conn
+            fut.cancel()  # not handed one: wait again (put skips a cancelled waiter)
+
+    async def _connect(self) -> AsyncLaneConnection | None:
+        self._open += 1
+        try:
+            conn = await AsyncLaneConnection.connect(self.dsn, **self.params)
+        except psycopg.OperationalError as exc:
+            self._open -= 1
+            self.gate.connect_failed(exc)
+            return None
+        except BaseException:
+            self._open -= 1
+            self.gate.connected()  # not the server's answer: let the next caller try
+            raise
+        self.gate.connected()
+        self.sample = conn
+        self.peak = max(self.peak, self._open)
+        return conn
+
+    async def put(self, conn: AsyncLaneConnection) -> None:
+        """Give a connection back: to the caller that has waited longest, or to the idle ones."""
+        conn.in_job, conn.pending_savepoint = False, None
+        if not _reusable(conn):
+            await self.discard(conn)
+            return
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(conn)
+                return
+        self._idle.append(conn)
+
+    async def discard(self, conn: AsyncLaneConnection) -> None:
+        """Close a connection (lost, or left in a transaction) and free its place."""
+        self._open -= 1
+        await conn.close()
+        while self._waiters:  # the longest waiter may open a new one now
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def close(self) -> None:
+        for conn in self._idle:
+            await conn.close()
+        self._open -= len(self._idle)
+        self._idle.clear()
+
+
+class AsyncHold:
+    """A lane's pool connection while it needs one (see the module)."""
+
+    def __init__(self, pool: AsyncPool):
+        self.pool = pool
+        self.conn: AsyncLaneConnection | None = None
+
+    async def get(self) -> AsyncLaneConnection:
+        if self.conn is None:
+            self.conn = await self.pool.get()
+            if self.conn is None:
+                raise NoConnection()
+        return self.conn
+
+    async def release(self) -> None:
+        """Back to the pool, when no transaction is open on it."""
+        conn = self.conn
+        if conn is not None and not conn.in_job and (conn.closed or _reusable(conn)):
+            self.conn = None
+            await self.pool.put(conn)
+
+    async def drop(self) -> None:
+        """Lost, or to be given up whatever its state: closed, its place freed."""
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await self.pool.discard(conn)
+
+
+class NoConnection(Exception):
+    """The worker stops, and the pool could open no connection for a lane (the server refuses)."""
+
+
+class AsyncLazyConnection:
+    """What an exactly-once ``async def handler(job, conn)`` gets as ``conn`` when its lane holds
+    no connection (a job that runs in a transaction of its own): the first statement takes one
+    from the pool (and begins the job's transaction), which the lane keeps until the job's commit.
+    A handler that awaits a model before it writes holds no connection while it waits. Until then,
+    attributes that need no server (``info``, ``adapters``) are any pool connection's."""
+
+    def __init__(self, hold: AsyncHold, savepoint: Call[None] | None):
+        self._hold, self._savepoint = hold, savepoint
+        self.taken: AsyncLaneConnection | None = None
+
+    async def _get(self) -> AsyncLaneConnection:
+        if self.taken is None:
+            conn = await self._hold.get()
+            conn.start_job(self._savepoint)
+            self.taken = conn
+        return self.taken
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self._get()).execute(*args, **kwargs)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        if self.taken is not None:
+            return self.taken.cursor(*args, **kwargs)
+        return _AsyncLazyCursor(self, args, kwargs)
+
+    @asynccontextmanager
+    async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
+        async with (await self._get()).transaction(*args, **kwargs) as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def pipeline(self) -> AsyncIterator[psycopg.AsyncPipeline]:
+        async with (await self._get()).pipeline() as p:
+            yield p
+
+    async def commit(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    async def rollback(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    def __getattr__(self, name: str) -> Any:
+        target = self.taken or self._hold.pool.sample
+        return getattr(target, name)
+
+
+class _AsyncLazyCursor:
+    """``conn.cursor()`` before the handler's first statement: the cursor is made on the pool
+    connection that its first ``execute`` (or ``executemany``, ``stream``, ``copy``) takes."""
+
+    def __init__(self, owner: AsyncLazyConnection, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_made", (args, kwargs))
+        object.__setattr__(self, "_set", {})
+        object.__setattr__(self, "_cur", None)
+
+    async def _real(self) -> psycopg.AsyncCursor[Any]:
+        if self._cur is None:
+            conn = await self._owner._get()
+            args, kwargs = self._made
+            cur = conn.cursor(*args, **kwargs)
+            for name, value in self._set.items():
+                setattr(cur, name, value)
+            object.__setattr__(self, "_cur", cur)
+        return self._cur
+
+    async def execute(self, *args: Any, **kwargs: Any) -> _AsyncLazyCursor:
+        await (await self._real()).execute(*args, **kwargs)
+        return self
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> None:
+        await (await self._real()).executemany(*args, **kwargs)
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for row in (await self._real()).stream(*args, **kwargs):
+            yield row
+
+    @asynccontextmanager
+    async def copy(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncCopy]:
+        async with (await self._real()).copy(*args, **kwargs) as copy:
+            yield copy
+
+    async def __aenter__(self) -> _AsyncLazyCursor:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._cur is not None:
+            await self._cur.close()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        if self._cur is None:
+            raise psycopg.ProgrammingError("no result available: the cursor has not executed")
+        return self._cur.__aiter__()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._cur is None:
+            if name in self._set:
+                return self._set[name]
+            raise psycopg.ProgrammingError(f"the cursor has not executed yet: {name} is not available")
+        return getattr(self._cur, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._cur is None:
+            self._set[name] = value
+        else:
+            setattr(self._cur, name, value)
+
+
+# --- threads ------------------------------------------------------------------------------------
+
+
+class _Waiter:
+    __slots__ = ("conn", "event", "gone")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.conn: LaneConnection | None = None
+        self.gone = False  # gave up waiting: not to be handed a connection
+
+
+class Pool:
+    """``AsyncPool`` for ``pglockkit.Worker``'s lane threads."""
+
+    def __init__(
+        self, dsn: str, params: dict[str, Any], size: int, gate: ConnectGate, stopping: Callable[[], bool]
+    ):
+        self.dsn, self.params, self.size, self.gate, self.stopping = dsn, params, size, gate, stopping
+        self._lock = threading.Lock()
+        self._idle: list[LaneConnection] = []
+        self._open = 0
+        self._waiters: deque[_Waiter] = deque()
+        self.sample: LaneConnection | None = None
+        self.peak = 0
+
+    def get(self) -> LaneConnection | None:
+        """``AsyncPool.get``."""
+        while True:
+            connect = False
+            with self._lock:
+                conn = None
+                while self._idle:
+                    candidate = self._idle.pop()
+                    if not candidate.closed:
+                        conn = candidate
+                        break
+                    self._open -= 1
+                wait = RECHECK
+                if conn is None and self._open < self.size:
+                    if (wait := self.gate.turn()) == 0:
+                        self._open += 1
+                        connect = True
+                    elif self.stopping():
+                        return None
+                waiter = None
+                if conn is None and not connect:
+                    waiter = _Waiter()
+                    self._waiters.append(waiter)
+            if conn is not None:
+                return conn
+            if connect:
+                conn = self._connect()
+                if conn is not None:
+                    return conn
+                continue
+            assert waiter is not None
+            waiter.event.wait(min(wait, RECHECK))
+            with self._lock:
+                waiter.gone = True
+                if waiter.conn is not None:
+                    return waiter.conn
+
+    def _connect(self) -> LaneConnection | None:
+        try:
+            conn = LaneConnection.connect(self.dsn, **self.params)
+        except psycopg.OperationalError as exc:
+            with self._lock:
+                self._open -= 1
+            self.gate.connect_failed(exc)
+            return None
+        except BaseException:
+            with self._lock:
+                self._open -= 1
+            self.gate.connected()
+            raise
+        self.gate.connected()
+        with self._lock:
+            self.sample = conn
+            self.peak = max(self.peak, self._open)
+        return conn
+
+    def put(self, conn: LaneConnection) -> None:
+        conn.in_job, conn.pending_savepoint = False, None
+        if not _reusable(conn):
+            self.discard(conn)
+            return
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.gone:
+                    waiter.conn = conn
+                    waiter.event.set()
+                    return
+            self._idle.append(conn)
+
+    def discard(self, conn: LaneConnection) -> None:
+        conn.close()
+        with self._lock:
+            self._open -= 1
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.gone:
+                    waiter.event.set()  # with no connection: it may open one now
+                    return
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for conn in idle:
+            conn.close()
+
+
+class Hold:
+    """``AsyncHold`` for a lane thread."""
+
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.conn: LaneConnection | None = None
+
+    def get(self) -> LaneConnection:
+        if self.conn is None:
+            self.conn = self.pool.get()
+            if self.conn is None:
+                raise NoConnection()
+        return self.conn
+
+    def release(self) -> None:
+        conn = self.conn
+        if conn is not None and not conn.in_job and (conn.closed or _reusable(conn)):
+            self.conn = None
+            self.pool.put(conn)
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            self.pool.discard(conn)
+
+
+class LazyConnection:
+    """``AsyncLazyConnection`` for a ``def handler(job, conn)``: any use of the connection but
+    ``commit`` and ``rollback`` (which a handler may not call) takes one from the pool first."""
+
+    def __init__(self, hold: Hold, savepoint: Call[None] | None):
+        self._hold, self._savepoint = hold, savepoint
+        self.taken: LaneConnection | None = None
+
+    def _get(self) -> LaneConnection:
+        if self.taken is None:
+            conn = self._hold.get()
+            conn.start_job(self._savepoint)
+            self.taken = conn
+        return self.taken
+
+    def commit(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    def rollback(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    @contextmanager
+    def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
+        with self._get().transaction(*args, **kwargs) as tx:
+            yield tx
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("info", "adapters", "closed", "broken") and self.taken is None:
+            return getattr(self._hold.pool.sample, name)
+        return getattr(self._get(), name)
+
+
+# --- the feeders ----------------------------------------------------------------------------------
+
+
+class AsyncFeeder:
+    """The claims (and ``next_rate_token`` questions) of an ``aio.Worker``'s lanes, batched (see
+    the module): a task of its own sends what has been asked, on a pool connection, until nothing
+    is left to ask. ``found`` is called when a claim came back with jobs, so that idle lanes
+    look again: there may be more (the one idle lane that polls found them)."""
+
+    def __init__(self, pool: AsyncPool, settings: Settings, found: Callable[[], None]):
+        self.pool, self.s, self.found = pool, settings, found
+        self._claims: list[tuple[int, asyncio.Future[tuple[list[Any], Exception | None]]]] = []
+        self._tokens: list[asyncio.Future[float | None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.statements = 0  # claim_job statements sent: how well it batches
+
+    async def claim(self, n: int) -> tuple[list[Any], Exception | None]:
+        """``([jobs], error)``, the reply to a lane's ``Claim``."""
+        fut: asyncio.Future[tuple[list[Any], Exception | None]] = asyncio.get_running_loop().create_future()
+        self._claims.append((n, fut))
+        self._serve()
+        return await fut
+
+    async def next_rate_token(self) -> float | None:
+        fut: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self._tokens.append(fut)
+        self._serve()
+        return await fut
+
+    def _serve(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._claims or self._tokens:
+            claims, self._claims = self._claims, []
+            tokens, self._tokens = self._tokens, []
+            try:
+                await self._send(claims, tokens)
+            except BaseException as exc:
+                for _, fut in claims:
+                    if not fut.done():
+                        fut.set_result(([], exc if isinstance(exc, Exception) else NoConnection()))
+                for fut in tokens:
+                    if not fut.done():
+                        fut.set_exception(exc if isinstance(exc, Exception) else NoConnection())
+                if not isinstance(exc, Exception):
+                    raise
+
+    async def _send(
+        self,
+        claims: list[tuple[int, asyncio.Future[tuple[list[Any], Exception | None]]]],
+        tokens: list[asyncio.Future[float | None]],
+    ) -> None:
+        total = sum(n for n, _ in claims)
+        calls = _claim_calls(self.s, total, bool(tokens))
+        n_claims = len(calls) - bool(tokens)
+        conn = await self.pool.get()
+        if conn is None:
+            raise NoConnection()
+        try:
+            results, error = await _calls.arun_pipeline(conn, calls)
+        except BaseException as exc:
+            if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
+                statement_failed(exc)
+                await self.pool.put(conn)
+            else:
+                await self.pool.discard(conn)
+            raise
+        self.statements += n_claims
+        if error is not None and len(results) < n_claims:  # a claim failed: nothing was claimed
+            await self.pool.put(conn)
+            for _, fut in claims:
+                fut.set_result(([], error))
+            for fut in tokens:
+                fut.set_exception(error)
+            return
+        waiting = [(n, fut) for n, fut in claims if not fut.done()]  # not cancelled
+        dealt, left = _deal(results, n_claims, [n for n, _ in waiting])
+        if left:  # lanes gave up waiting (cancelled): their jobs go back at once
+            _, back_error = await _calls.arun_pipeline(conn, give_back_calls(left))
+            if back_error is not None:
+                log.warning("could not give back %d claimed job(s): %s", len(left), back_error)
+        await self.pool.put(conn)
+        for (_, fut), jobs in zip(waiting, dealt, strict=True):
+            fut.set_result(([jobs], None))
+        for fut in tokens:
+            if fut.done():
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(results[n_claims])
+        if any(results[:n_claims]):
+            self.found()
+
+
+class _Asked:
+    __slots__ = ("answered", "n", "reply")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.answered = False
+        self.reply: Any = None  # ([jobs], error), or a token's (value, error)
+
+
+class Feeder:
+    """``AsyncFeeder`` for ``pglockkit.Worker``'s lane threads: a lane that asks while nobody is
+    sending sends one batch, what has been asked by then (its own with the others'), and passes
+    the turn to a lane still waiting."""
+
+    def __init__(self, pool: Pool, settings: Settings, found: Callable[[], None]):
+        self.pool, self.s, self.found = pool, settings, found
+        self._cond = threading.Condition()
+        self._claims: list[_Asked] = []
+        self._tokens: list[_Asked] = []
+        self._sending = False
+        self.statements = 0
+
+    def claim(self, n: int) -> tuple[list[Any], Exception | None]:
+        asked = _Asked(n)
+        self._serve(asked, self._claims)
+        return asked.reply
+
+    def next_rate_token(self) -> float | None:
+        asked = _Asked(0)
+        self._serve(asked, self._tokens)
+        value, error = asked.reply
+        if error is not None:
+            raise error
+        return value
+
+    def _serve(self, mine: _Asked, into: list[_Asked]) -> None:
+        with self._cond:
+            into.append(mine)
+            while self._sending and not mine.answered:
+                self._cond.wait()
+            if mine.answered:
+                return
+            self._sending = True
+            claims, self._claims = self._claims, []
+            tokens, self._tokens = self._tokens, []
+        try:
+            self._send_safely(claims, tokens)
+        finally:
+            with self._cond:
+                self._sending = False
+                self._cond.notify_all()  # answered lanes return; one of the others sends next
+
+    def _send_safely(self, claims: list[_Asked], tokens: list[_Asked]) -> None:
+        try:
+            self._send(claims, tokens)
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else NoConnection()
+            with self._cond:
+                for asked in claims:
+                    if not asked.answered:
+                        asked.reply, asked.answered = ([], error), True
+                for asked in tokens:
+                    if not asked.answered:
+                        asked.reply, asked.answered = (None, error), True
+            if not isinstance(exc, Exception):
+                raise
+
+    def _send(self, claims: list[_Asked], tokens: list[_Asked]) -> None:
+        total = sum(asked.n for asked in claims)
+        calls = _claim_calls(self.s, total, bool(tokens))
+        n_claims = len(calls) - bool(tokens)
+        conn = self.pool.get()
+        if conn is None:
+            raise NoConnection()
+        try:
+            results, error = _calls.run_pipeline(conn, calls)
+        except BaseException as exc:
+            if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
+                statement_failed(exc)
+                self.pool.put(conn)
+            else:
+                self.pool.discard(conn)
+            raise
+        self.pool.put(conn)
+        self.statements += n_claims
+        if error is not None and len(results) < n_claims:
+            replies: list[Any] = [([], error)] * len(claims)
+        else:
+            dealt, _ = _deal(results, n_claims, [asked.n for asked in claims])  # threads never give up
+            replies = [([jobs], None) for jobs in dealt]
+        with self._cond:
+            for asked, reply in zip(claims, replies, strict=True):
+                asked.reply, asked.answered = reply, True
+            for asked in tokens:
+                asked.reply = (None, error) if error is not None else (results[n_claims], None)
+                asked.answered = True
+        if any(results[:n_claims]):
+            self.found()
