@@ -10,11 +10,13 @@ the ideal rate, N / wait jobs/s):
 - pglockkit: ``pglockkit work --handler bench.swarm:agent --concurrency N``, an ``async def
   handler(job, conn)`` (so ``pglockkit.aio.Worker``) whose INSERT runs in the job's transaction on
   the connection the worker hands it: exactly once, the effect and the job's completion commit
-  together. Today's worker holds a connection per job in flight (N + 2 per process). One that needs
-  more than the server lets its role hold at all refuses to start (``pglockkit work`` exits 2,
-  ``LimitExceeded``: reported as "worker exited (2)", with its last lines); one that fits but finds
-  the server full connects its lanes one at a time through its gate, and the lanes without a
-  connection run nothing;
+  together. Its N jobs in flight share the worker's pool (``--connections``, default 10): a job
+  takes a connection at its INSERT and gives it back at its commit. A worker that needs more
+  connections than the server lets its role hold refuses to start (``pglockkit work`` exits 2,
+  ``LimitExceeded``: reported as "worker exited (2)", with its last lines);
+- pglockkit threads: the same with ``def handler(job, conn)`` (``bench.swarm:agent_sync``:
+  ``time.sleep``, then the INSERT), a thread per job in flight, at ``--threads-in-flight``
+  (default 200) only;
 - pgqueuer (the optional extra ``peers``): ``QueueManager.run(max_concurrent_tasks=N)`` (its
   default batch of 10) over one psycopg ``AsyncConnection``, an ``async def`` entrypoint that
   waits the same and runs the same INSERT on that connection (autocommit: at least once).
@@ -123,6 +125,12 @@ async def agent(job: Any, conn: psycopg.AsyncConnection) -> None:
     await conn.execute(INSERT_EFFECT, (job.id,))
 
 
+def agent_sync(job: Any, conn: psycopg.Connection) -> None:
+    """``agent`` for threads (``pglockkit.Worker``): ``time.sleep``, then the same INSERT."""
+    time.sleep(_wait_s())
+    conn.execute(INSERT_EFFECT, (job.id,))
+
+
 # ---------------------------------------------------------------------------------------------
 # A server of its own, with max_connections = 100
 # ---------------------------------------------------------------------------------------------
@@ -183,12 +191,16 @@ def _pglockkit_enqueue(dsn: str, jobs: int) -> None:
         conn.execute("SELECT pglockkit.enqueue_jobs(%s, array_fill('{}'::jsonb, ARRAY[%s]))", (QUEUE, jobs))
 
 
-def _pglockkit_worker(dsn: str, in_flight: int) -> list[str]:
+def _pglockkit_worker(dsn: str, in_flight: int, handler: str = "bench.swarm:agent") -> list[str]:
     return [
         sys.executable,
         *("-m", "pglockkit.cli", "work", "--dsn", dsn, "--queue", QUEUE),
-        *("--handler", "bench.swarm:agent", "--concurrency", str(in_flight)),
+        *("--handler", handler, "--concurrency", str(in_flight)),
     ]
+
+
+def _pglockkit_threads_worker(dsn: str, in_flight: int) -> list[str]:
+    return _pglockkit_worker(dsn, in_flight, "bench.swarm:agent_sync")
 
 
 def _pgqueuer_setup_effects(dsn: str) -> None:
@@ -264,6 +276,21 @@ SYSTEMS = [
         f"SELECT id FROM pglockkit.jobs WHERE queue = '{QUEUE}' AND status = 'done'",
         PGLOCKKIT_APP,
         "`pglockkit work --concurrency N`, `async def handler(job, conn)`: INSERT in the job's transaction",
+        "exactly once",
+    ),
+    System(
+        "pglockkit threads",
+        "pglockkit",
+        _pglockkit_setup,
+        _pglockkit_enqueue,
+        _pglockkit_threads_worker,
+        "SELECT count(*) FILTER (WHERE status = 'done'),"
+        " count(*) FILTER (WHERE status IN ('queued', 'running'))"
+        f" FROM pglockkit.jobs WHERE queue = '{QUEUE}'",
+        f"SELECT id FROM pglockkit.jobs WHERE queue = '{QUEUE}' AND status = 'done'",
+        PGLOCKKIT_APP,
+        "`pglockkit work --concurrency N`, `def handler(job, conn)` (a thread per job in flight): "
+        "`time.sleep`, then the INSERT in the job's transaction",
         "exactly once",
     ),
     System(
@@ -455,7 +482,7 @@ def _clear(dsn: str, system: System) -> None:
     """Empty the queue and the effects table between drains."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE swarm_effects")
-        if system.name == "pglockkit":
+        if system.name.startswith("pglockkit"):
             conn.execute("DELETE FROM pglockkit.jobs WHERE queue = %s", (QUEUE,))
         else:
             conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
@@ -471,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(parser)
     parser.add_argument(
         "--in-flight", type=int_list, default=[500, 2000], help="jobs in flight per worker (500,2000)"
+    )
+    parser.add_argument(
+        "--threads-in-flight",
+        type=int_list,
+        default=[200],
+        help="jobs in flight of the threads worker, a thread each (200)",
     )
     parser.add_argument("--wait", type=positive(float), default=1.0, help="seconds each job waits (1)")
     parser.add_argument(
@@ -506,15 +539,16 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Every ``--in-flight`` count with ``system``, in a database of its own; a drain gets what is
     left of the budget (until ``deadline``), at most ``--timeout``."""
+    counts = args.threads_in_flight if system.name == "pglockkit threads" else args.in_flight
     if not installed(system.module):
-        return [{"system": system.name, "in_flight": n, "status": NOT_INSTALLED} for n in args.in_flight]
+        return [{"system": system.name, "in_flight": n, "status": NOT_INSTALLED} for n in counts]
     rows = []
-    name = f"{args.prefix}_{system.name}"
+    name = f"{args.prefix}_{system.name.replace(' ', '_')}"
     create_database(admin, name)
     try:
         system_dsn = dsn_for(dsn, name)
         system.setup(system_dsn)
-        for in_flight in args.in_flight:
+        for in_flight in counts:
             left = deadline - time.monotonic()
             if left < MIN_DRAIN_S:
                 status = f"skipped: {max(left, 0):.0f} s of the {args.budget:.0f} s budget left"
@@ -555,6 +589,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
     env["seconds_total"] = round(time.monotonic() - started, 1)
     settings = {
         "in_flight": args.in_flight,
+        "threads_in_flight": args.threads_in_flight,
         "wait_s": args.wait,
         "seconds_at_ideal": args.seconds,
         "timeout_s": args.timeout,

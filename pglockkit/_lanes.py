@@ -1,11 +1,14 @@
 """What a worker lane does, written once for ``pglockkit.Worker`` (threads) and
 ``pglockkit.aio.Worker`` (asyncio).
 
-A worker process runs ``concurrency`` lanes. A lane holds one connection and runs jobs one after
-another on it; ``Lane.drain`` is a generator that decides every step and yields the I/O it needs
-(``Pipeline``: statements sent in one round trip; ``Handle``: run the handler on a job). The
-sync and async drivers perform that I/O and send the result back, so both workers share one
-definition of group commit.
+A worker process runs ``concurrency`` lanes (its jobs in flight). A lane runs jobs one after
+another; ``Lane.drain`` is a generator that decides every step and yields the I/O it needs
+(``Pipeline``: statements sent in one round trip, on the lane's connection; ``Claim``: jobs for
+an empty hand, which the driver claims together with other lanes' (``pglockkit._pool``'s
+feeder); ``Handle``: run the handler on a job). The sync and async drivers perform that I/O and
+send the result back, so both workers share one definition of group commit. A lane takes a
+connection from the process's pool for each round trip and keeps it while a transaction is open
+(``pglockkit._pool``): what follows says which.
 
 Group commit, exactly once (``handler(job, conn)``)
     Jobs that run one after another on a lane share one transaction. It begins by locking the

@@ -99,28 +99,37 @@ class AsyncPool:
         self.sample: AsyncLaneConnection | None = None  # any connection opened: its info, adapters
         self.peak = 0
 
-    async def get(self) -> AsyncLaneConnection | None:
+    async def get(self, first: bool = False) -> AsyncLaneConnection | None:
         """A connection, waiting for one if need be; None when the worker stops while none can be
-        opened (the server refuses connections): the caller's jobs go back by their lease."""
+        opened (the server refuses connections): the caller's jobs go back by their lease.
+        ``first``: ahead of the callers already waiting (the feeder's claims: queued behind 2,000
+        completions, the claims that would start the next jobs waited for all of them, and the
+        jobs ran in waves)."""
         while True:
             while self._idle:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
                 self._open -= 1
-            wait = RECHECK
+            wait = None  # every connection is in use: one comes back (put) or is freed (discard)
             if self._open < self.size:
                 if (wait := self.gate.turn()) == 0:
                     conn = await self._connect()
                     if conn is not None:
                         return conn
-                    wait = RECHECK
                 elif self.stopping():
                     return None
+                wait = min(wait, RECHECK)  # the gate is closed: ask it again soon
             fut: asyncio.Future[AsyncLaneConnection | None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
+            if first:
+                self._waiters.appendleft(fut)
+            else:
+                self._waiters.append(fut)
             try:
-                await asyncio.wait([fut], timeout=min(wait, RECHECK))
+                if wait is None:
+                    await fut
+                else:
+                    await asyncio.wait([fut], timeout=wait)
             except BaseException:  # cancelled: a connection handed over meanwhile goes back
                 if fut.done() and not fut.cancelled() and (conn := fut.result()) is not None:
                     await self.put(conn)
@@ -347,7 +356,7 @@ class Pool:
         self.sample: LaneConnection | None = None
         self.peak = 0
 
-    def get(self) -> LaneConnection | None:
+    def get(self, first: bool = False) -> LaneConnection | None:
         """``AsyncPool.get``."""
         while True:
             connect = False
@@ -359,17 +368,21 @@ class Pool:
                         conn = candidate
                         break
                     self._open -= 1
-                wait = RECHECK
+                wait: float | None = None  # all in use: one comes back (put) or is freed (discard)
                 if conn is None and self._open < self.size:
                     if (wait := self.gate.turn()) == 0:
                         self._open += 1
                         connect = True
                     elif self.stopping():
                         return None
+                    wait = min(wait, RECHECK)
                 waiter = None
                 if conn is None and not connect:
                     waiter = _Waiter()
-                    self._waiters.append(waiter)
+                    if first:
+                        self._waiters.appendleft(waiter)
+                    else:
+                        self._waiters.append(waiter)
             if conn is not None:
                 return conn
             if connect:
@@ -378,7 +391,7 @@ class Pool:
                     return conn
                 continue
             assert waiter is not None
-            waiter.event.wait(min(wait, RECHECK))
+            waiter.event.wait(wait)
             with self._lock:
                 waiter.gone = True
                 if waiter.conn is not None:
@@ -550,7 +563,7 @@ class AsyncFeeder:
         total = sum(n for n, _ in claims)
         calls = _claim_calls(self.s, total, bool(tokens))
         n_claims = len(calls) - bool(tokens)
-        conn = await self.pool.get()
+        conn = await self.pool.get(first=True)
         if conn is None:
             raise NoConnection()
         try:
@@ -661,7 +674,7 @@ class Feeder:
         total = sum(asked.n for asked in claims)
         calls = _claim_calls(self.s, total, bool(tokens))
         n_claims = len(calls) - bool(tokens)
-        conn = self.pool.get()
+        conn = self.pool.get(first=True)
         if conn is None:
             raise NoConnection()
         try:

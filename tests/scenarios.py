@@ -96,17 +96,20 @@ def exactly_once_under_sigkill(
     timeout: float = 240,
     extra: tuple[str, ...] = (),
     job_s: float = 0.002,
+    kill_every: tuple[float, float] = (0.2, 0.5),
+    max_attempts: int = 5,
 ) -> dict[str, object]:
     """Enqueue ``total`` jobs on queue ``w`` (``conn`` needs table ``done_log``), drain them with
     ``workers`` worker processes (``pglockkit work`` with ``extra`` arguments) on ``worker_dsn``
-    while a random one is SIGKILLed every 0.2-0.5 s and replaced. Returns kills, the stderr of
-    workers that exited by themselves (``crashes``), recorded and distinct done_log rows, rows
+    while a random one is SIGKILLed every ``kill_every`` seconds (0.2-0.5) and replaced. Returns
+    kills, the stderr of workers that exited by themselves (``crashes``), recorded and distinct
+    done_log rows, rows
     whose token is not the job's final one, and jobs that were reclaimed. Each job sleeps
     ``job_s`` in its handler."""
     # Each job takes ``job_s``: the drain lasts long enough that kills land on workers holding
     # claims (no-op jobs drain in a few tenths of a second, and a kill could find only workers
     # still starting, leaving nothing to reclaim).
-    q.enqueue_many(conn, "w", [{"sleep": job_s}] * total)
+    q.enqueue_many(conn, "w", [{"sleep": job_s}] * total, max_attempts=max_attempts)
     rng = random.Random(seed)
     args = ("--batch", "5", "--lease", "1s", "--poll", "0.2", *extra)
     procs = [worker_proc(worker_dsn, *args) for _ in range(workers)]
@@ -117,7 +120,7 @@ def exactly_once_under_sigkill(
         while conn.execute("SELECT count(*) FROM pglockkit.jobs WHERE status <> 'done'").fetchone()[0]:
             if time.monotonic() > deadline:
                 raise AssertionError("queue not drained in time")
-            time.sleep(rng.uniform(0.2, 0.5))
+            time.sleep(rng.uniform(*kill_every))
             for i, p in enumerate(procs):
                 if p.poll() is not None:  # exited by itself: a worker bug, not a kill
                     crashes.append(f"exit {p.returncode}: {p.stderr.read()[-2000:]}")

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -99,7 +100,11 @@ def test_jobs_in_flight_share_a_pool_of_connections_plus_two(tables, handler):
     assert db.conn.execute("SELECT count(DISTINCT job_id) FROM spans").fetchone()[0] == 36
     assert _max_overlap(db.conn) == 12
     assert elapsed < 36 * 0.2 / 3 * 0.75, elapsed  # 3 at a time: 2.4 s; 12 at a time about 0.6
-    assert peak == {"pglockkit worker w": 3, "pglockkit worker w listen": 1, "pglockkit worker w heartbeat": 1}
+    assert peak == {
+        "pglockkit worker w": 3,
+        "pglockkit worker w listen": 1,
+        "pglockkit worker w heartbeat": 1,
+    }
     deadline = time.monotonic() + 10  # and all of them closed once it returned
     while db.conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -634,11 +639,75 @@ def test_sigterm_with_jobs_in_flight_finishes_them_and_gives_back_the_rest(table
     assert db.conn.execute("SELECT count(*) FROM done_log").fetchone()[0] == 4
 
 
-def test_cli_refuses_bad_worker_settings(db):
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (("--group", "0"), "group must be between 1 and 64"),
+        (("--concurrency", "0"), "concurrency must be a positive integer, got 0"),
+        (("--connections", "0"), "connections must be a positive integer, got 0"),
+        (("--connections", "-3", "--concurrency", "500"), "connections must be a positive integer, got -3"),
+        (("--connections", "ten"), "argument --connections: invalid int value: 'ten'"),
+    ],
+)
+def test_cli_refuses_bad_worker_settings(db, args, error):
+    """Exit 2 with the reason, before connecting; nothing claimed."""
     from scenarios import cli
 
-    out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps", "--group", "0")
-    assert out.returncode == 2 and "group must be between 1 and 64" in out.stderr
+    job = q.enqueue(db.conn, "w", {})
+    out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps", *args)
+    assert out.returncode == 2 and error in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (job,)).fetchone() == (
+        "queued",
+    )
+
+
+@pytest.mark.parametrize("connections", [0, -1, True, 2.5, "4"])
+def test_a_worker_refuses_a_pool_that_is_not_a_positive_integer(connections):
+    with pytest.raises(ValueError, match=f"connections must be a positive integer, got {connections!r}"):
+        pglockkit.Worker("dbname=unused", "w", record, concurrency=8, connections=connections)
+    with pytest.raises(ValueError, match="connections must be a positive integer"):
+        aio.Worker("dbname=unused", "w", span_async, concurrency=8, connections=connections)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_handler_that_keeps_its_transaction_open_holds_only_its_own_connection(tables, asynchronous):
+    """docs/queue.md: a handler that writes first and then waits holds its connection for the
+    whole wait, and only that one. On a pool of 2 with 8 jobs in flight, one job writes and then
+    waits 3 s inside its transaction; the other 40 jobs (a short wait, then a write) are all done
+    on the other connection before it commits, and its own write commits with it, once."""
+    db = tables
+    hog = q.enqueue(db.conn, "w", {"hog": True})
+    others = q.enqueue_many(db.conn, "w", [{"sleep": 0.02}] * 40)
+    insert = "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0)"
+
+    def handler(job, conn):
+        if job.payload.get("hog"):
+            conn.execute(insert, (job.id, job.token))
+            time.sleep(3)
+            return
+        span(job, conn)
+
+    async def ahandler(job, conn):
+        if job.payload.get("hog"):
+            await conn.execute(insert, (job.id, job.token))
+            await asyncio.sleep(3)
+            return
+        await span_async(job, conn)
+
+    worker = pglockkit.Worker(
+        db.dsn, "w", ahandler if asynchronous else handler, concurrency=8, connections=2
+    )
+    started = time.monotonic()
+    assert worker.run(exit_when_idle=True) == 41
+    assert time.monotonic() - started < 8
+    hog_done = db.conn.execute("SELECT finished_at FROM pglockkit.jobs WHERE id = %s", (hog,)).fetchone()[0]
+    last_other = db.conn.execute(
+        "SELECT max(finished_at) FROM pglockkit.jobs WHERE id = ANY(%s)", (others,)
+    ).fetchone()[0]
+    assert last_other < hog_done - timedelta(seconds=1), (last_other, hog_done)
+    assert db.conn.execute("SELECT count(DISTINCT job_id) FROM spans").fetchone()[0] == 40
+    assert db.conn.execute("SELECT job_id FROM done_log").fetchall() == [(hog,)]
 
 
 def test_a_worker_that_needs_more_connections_than_the_server_allows_refuses_to_start(db):
