@@ -1,16 +1,21 @@
 // pg-boss for bench/peers.py: a no-op handler on the queue bench_peers.
 //
-//   node pgboss_worker.mjs setup URL                     start(): the pgboss schema; createQueue(bench_peers)
-//   node pgboss_worker.mjs enqueue URL N                 N jobs in one insert() call (one INSERT statement)
-//   node pgboss_worker.mjs work URL [BATCH [INTERVAL_S]] start() and work(), until SIGTERM
+//   node pgboss_worker.mjs setup URL          start(): the pgboss schema; createQueue(bench_peers)
+//   node pgboss_worker.mjs enqueue URL N      N jobs in one insert() call (one INSERT statement)
+//   node pgboss_worker.mjs work URL [OPTIONS] start() and work(), until SIGTERM
 //
 // URL is a postgresql:// connection string. `enqueue` prints "enqueued N" once the jobs are committed
 // (the bench's clock starts there). `work` prints "ready" once its work() loop runs. pg-boss's
-// constructor options are its defaults (pool of 10, supervise, schedule, migrate); work() takes
-// batchSize BATCH (pg-boss: 1) and pollingIntervalSeconds INTERVAL_S (pg-boss: 2, at least 0.5).
+// constructor options are its defaults (pool of 10, supervise, schedule, migrate); OPTIONS set
+// work()'s options of the same names:
+//
+//   --batch-size N (pg-boss: 1)   --polling-interval-seconds S (pg-boss: 2, at least 0.5)
+//
 // pg-boss has no LISTEN: each work() loop fetches a batch, runs the handler on it, and then waits
-// out the rest of the interval whether it found jobs or not, so one loop does at most BATCH jobs a
-// poll.
+// out the rest of the interval whether it found jobs or not, so one loop does at most batchSize jobs
+// a poll.
+import { parseArgs } from "node:util";
+
 import PgBoss from "pg-boss";
 
 const QUEUE = "bench_peers";
@@ -41,11 +46,8 @@ async function enqueue(connectionString, jobs) {
   }
 }
 
-async function work(connectionString, batchSize, intervalS) {
+async function work(connectionString, options) {
   const boss = await open(connectionString);
-  const options = {};
-  if (batchSize !== undefined) options.batchSize = batchSize;
-  if (intervalS !== undefined) options.pollingIntervalSeconds = intervalS;
   await boss.work(QUEUE, options, async () => {});
   let stopping = false;
   for (const signal of ["SIGTERM", "SIGINT"]) {
@@ -67,24 +69,37 @@ async function work(connectionString, batchSize, intervalS) {
 function positive(text, what, integer) {
   const value = Number(text);
   if (!(value > 0) || (integer && !Number.isInteger(value))) {
-    throw new Error(`${what} must be a positive ${integer ? "integer" : "number"}, got ${JSON.stringify(text)}`);
+    const kind = integer ? "integer" : "number";
+    throw new Error(`${what} must be a positive ${kind}, got ${JSON.stringify(text)}`);
   }
   return value;
 }
 
-const [command, url, arg, arg2] = process.argv.slice(2);
+function workOptions(args) {
+  const { values } = parseArgs({
+    args,
+    strict: true,
+    options: { "batch-size": { type: "string" }, "polling-interval-seconds": { type: "string" } },
+  });
+  const options = {};
+  if (values["batch-size"] !== undefined) {
+    options.batchSize = positive(values["batch-size"], "--batch-size", true);
+  }
+  if (values["polling-interval-seconds"] !== undefined) {
+    const seconds = values["polling-interval-seconds"];
+    options.pollingIntervalSeconds = positive(seconds, "--polling-interval-seconds", false);
+  }
+  return options;
+}
+
+const [command, url, ...rest] = process.argv.slice(2);
 const commands = {
-  setup: () => setup(url),
-  enqueue: () => enqueue(url, positive(arg, "N", true)),
-  work: () =>
-    work(
-      url,
-      arg === undefined ? undefined : positive(arg, "BATCH", true),
-      arg2 === undefined ? undefined : positive(arg2, "INTERVAL_S", false),
-    ),
+  setup: async () => setup(url),
+  enqueue: async () => enqueue(url, positive(rest[0], "N", true)),
+  work: async () => work(url, workOptions(rest)),
 };
 if (!commands[command] || !url) {
-  console.error("usage: node pgboss_worker.mjs setup|enqueue|work URL [N | BATCH [INTERVAL_S]]");
+  console.error("usage: node pgboss_worker.mjs setup|enqueue|work URL [N | OPTIONS]");
   process.exit(2);
 }
 commands[command]().catch((err) => {
