@@ -1,12 +1,13 @@
-"""pglockkit's queue next to procrastinate and pgqueuer: the same no-op jobs drained by each one's
-own workers, on the same server, in the same run.
+"""pglockkit's queue next to procrastinate, pgqueuer, graphile-worker and pg-boss: the same no-op jobs
+drained by each one's own workers, on the same server, in the same run.
 
 What is measured
 ----------------
 Each system gets a database of its own, created here (``<prefix>_<system>``) and set up by its
 own tooling: ``pglockkit.install``, procrastinate's ``schema_manager.apply_schema()``, pgqueuer's
-``Queries.install()``. Then ``--workers`` worker processes per system are started and left idle,
-waiting on LISTEN:
+``Queries.install()``, graphile-worker's ``runMigrations()``, pg-boss's ``start()`` and
+``createQueue()``. Then ``--workers`` worker processes per system are started and left idle,
+waiting on LISTEN (pg-boss polls):
 
 - pglockkit: ``pglockkit work --queue bench_peers --handler bench.peers:noop`` with its defaults
   (``handler(job, conn)``: exactly once, group commit); as a second entry the best setting
@@ -15,24 +16,47 @@ waiting on LISTEN:
 - procrastinate: ``App.run_worker(queues=['bench_peers'])`` with its defaults (concurrency 1), an
   ``async def`` no-op task;
 - pgqueuer: ``QueueManager.run()`` with its defaults (batch 10, durable tables), an ``async def``
-  no-op entrypoint, over a psycopg ``AsyncConnection``.
+  no-op entrypoint, over a psycopg ``AsyncConnection``;
+- graphile-worker (Node.js, ``bench/node/graphile_worker.mjs``): ``run()`` with a ``taskList`` of
+  one ``async`` no-op task and its defaults (concurrency 1, a pool of 10, a job fetched and
+  completed at a time); as a second entry, "graphile-worker fast", concurrency 10 (the CLI's
+  ``--jobs 10``), else the same; as a third, "graphile-worker batched", the settings of its
+  performance page (worker.graphile.org/docs/performance), with which it reports its highest
+  rates: concurrency 24, a pool of 25, ``localQueue: {size: 500}`` (the pool fetches and locks 500
+  jobs at a time and hands them out), ``completeJobBatchDelay: 0, failJobBatchDelay: 0``
+  (completions batched: a crash may run more done jobs again). Its logger prints warnings and
+  errors only (its default writes a line per job; the Python peers log at WARNING);
+- pg-boss (Node.js, ``bench/node/pgboss_worker.mjs``): ``work()`` with an ``async`` no-op
+  handler and the constructor's defaults, but ``batchSize: 100, pollingIntervalSeconds: 0.5``.
+  pg-boss does not LISTEN: each ``work()`` loop fetches a batch, runs the handler on it, then
+  sleeps out the rest of the interval whether it found jobs or not. Its defaults (1 job, every
+  2 s) do 0.5 jobs/s a process, a round of 5,000 jobs in hours; 0.5 s is the shortest interval it
+  accepts, and 100 a fetch caps a process at 200 jobs/s: its row measures that setting more than
+  the database.
 
 One round enqueues ``--jobs`` jobs with the system's own API in one call (procrastinate
-``batch_defer``, pgqueuer ``enqueue`` with lists, ``pglockkit.enqueue_jobs``) and times from its
-commit until no job of the round is left unfinished (polled every 20 ms with one ``count(*)``
-query): drain jobs/s = jobs / that time, what a burst costs, start-up latency included; steady
+``batch_defer``, pgqueuer ``enqueue`` with lists, ``pglockkit.enqueue_jobs``, graphile-worker
+``addJobs``, pg-boss ``insert``; the Node.js ones by a ``node`` process that says when the jobs
+are committed) and times from its commit until no job of the round is left unfinished (polled
+every 20 ms with one ``count(*)`` query: graphile-worker deletes a finished job from
+``graphile_worker._private_jobs``, pg-boss keeps it in ``pgboss.job`` as 'completed'):
+drain jobs/s = jobs / that time, what a burst costs, start-up latency included; steady
 jobs/s = the jobs done between the polls that saw 10% and 90% of the round done / the time
 between them, the rate once the workers are running (pgqueuer, for one, takes about a second to
-get going on a round). The workers wake by NOTIFY; they were warmed up by a first
-round of ``--warmup`` jobs that is not recorded. Rounds of the systems alternate in an order
-rotated run by run (``--runs``), so drift of the machine hits them all. Reported: median (min-max)
-jobs/s and each system's median / the best peer's median.
+get going on a round). The workers wake by NOTIFY (pg-boss's at their next poll); they were warmed
+up by a first round of ``--warmup`` jobs that is not recorded. Rounds of the systems alternate in
+an order rotated run by run (``--runs``), so drift of the machine hits them all. Reported: median
+(min-max) jobs/s and each system's median / the best peer's median (the best of every entry that
+is not pglockkit's, tuned ones included).
 
-Every worker is its own Python process, as it would be in production; on a small machine they
-share the CPUs with the server, which is part of what is measured (a lighter client drains faster).
+Every worker is its own Python or Node.js process, as it would be in production; on a small
+machine they share the CPUs with the server, which is part of what is measured (a lighter client
+drains faster).
 
-procrastinate and pgqueuer are the optional extra ``peers`` (``pip install -e '.[peers]'``); a
-missing one is reported as not installed. The databases are dropped at the end.
+procrastinate and pgqueuer are the optional extra ``peers`` (``pip install -e '.[peers]'``);
+graphile-worker and pg-boss are the Node.js project ``bench/node`` (``npm ci --prefix bench/node``,
+Node.js 20+: ``$NODE``, else ``node`` on PATH). A missing one is reported as not installed, with
+the command that installs it. The databases are dropped at the end.
 
 ``--workers 1,4`` measures every system with 1 worker process, then with 4.
 
@@ -45,18 +69,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
+import json
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql
@@ -71,6 +100,10 @@ QUEUE = "bench_peers"
 POLL_S = 0.02
 READY_TIMEOUT_S = 120.0
 NOT_INSTALLED = "not installed (pip install -e '.[peers]')"
+NODE_DIR = ROOT / "bench" / "node"  # graphile-worker and pg-boss, in node_modules after `npm ci`
+NPM_NOT_INSTALLED = "not installed (npm ci --prefix bench/node)"
+NODE_MISSING = "not installed (Node.js 20+: $NODE, else node on PATH)"
+NODE_TIMEOUT_S = 120.0
 
 
 def noop(job: Any, conn: psycopg.Connection) -> None:
@@ -87,6 +120,98 @@ def _log(message: str) -> None:
 
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Node.js, for the JavaScript peers
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def node() -> tuple[str, str] | None:
+    """(path, version) of ``$NODE``, else of ``node`` on PATH, if it is Node.js 20 or newer."""
+    path = os.environ.get("NODE") or shutil.which("node")
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = out.strip().lstrip("v")
+        major = int(version.split(".")[0])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return (path, version) if major >= 20 else None
+
+
+def npm_installed(package: str) -> bool:
+    return (NODE_DIR / "node_modules" / package / "package.json").is_file()
+
+
+def npm_version(package: str) -> str:
+    text = (NODE_DIR / "node_modules" / package / "package.json").read_text(encoding="utf-8")
+    return json.loads(text)["version"]
+
+
+def node_url(dsn: str) -> str:
+    """A ``postgresql://`` URL, what node-postgres parses, for a libpq DSN (key=value or URL)."""
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    user = quote(params.pop("user", ""), safe="")
+    password = params.pop("password", "")
+    auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
+    host = params.pop("host", "")
+    port = params.pop("port", "")
+    dbname = quote(params.pop("dbname", ""), safe="")
+    if host.startswith("/"):  # a Unix socket directory: a query parameter, as node-postgres takes it
+        netloc, params = "", {"host": host, **({"port": port} if port else {}), **params}
+    else:
+        netloc = f"{host}:{port}" if host and port else host
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{auth}{netloc}/{dbname}{query}"
+
+
+def _node_argv(script: str, command: str, dsn: str, *args: str) -> list[str]:
+    found = node()
+    if found is None:
+        raise RuntimeError(NODE_MISSING)
+    return [found[0], str(NODE_DIR / script), command, node_url(dsn), *args]
+
+
+def _node_setup(script: str) -> Callable[[str], None]:
+    def setup(dsn: str) -> None:
+        done = subprocess.run(
+            _node_argv(script, "setup", dsn), capture_output=True, text=True, timeout=NODE_TIMEOUT_S
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{script} setup exited ({done.returncode}):\n{done.stderr[-2000:]}")
+
+    return setup
+
+
+def _node_enqueue(script: str) -> Callable[[str, int], None]:
+    """Enqueue by the script, and return once it says the jobs are committed (the round's clock
+    starts then, as it does after the Python peers' calls): its pool closes while the round runs."""
+
+    def enqueue(dsn: str, jobs: int) -> None:
+        proc = subprocess.Popen(
+            _node_argv(script, "enqueue", dsn, str(jobs)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("enqueued "):
+            out, err = proc.communicate(timeout=NODE_TIMEOUT_S)
+            raise RuntimeError(f"{script} enqueue exited ({proc.returncode}):\n{line}{out}{err[-2000:]}")
+        threading.Thread(target=proc.communicate, daemon=True).start()  # reap it, its output unread
+
+    return enqueue
+
+
+def _node_worker(script: str, *args: str) -> Callable[[str, str], list[str]]:
+    def argv(dsn: str, name: str) -> list[str]:
+        return _node_argv(script, "work", dsn, *args)
+
+    return argv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,12 +304,13 @@ class System:
     """One queue system: how to set it up, start a worker, enqueue, and see whether work is left."""
 
     name: str
-    module: str  # what must be importable
+    module: str  # what must be importable, or with npm=True the package in bench/node/node_modules
     setup: Callable[[str], None]
     enqueue: Callable[[str, int], None]
     worker: Callable[[str, str], list[str]]  # (dsn, worker name) -> argv of one worker process
     unfinished_sql: str  # how many jobs are left (queued or running)
     settings: str
+    npm: bool = False  # a JavaScript peer, run by Node.js
 
 
 def _pglockkit_worker(handler: str, *settings: str) -> Callable[[str, str], list[str]]:
@@ -208,6 +334,17 @@ def _peer_worker(system: str) -> Callable[[str, str], list[str]]:
 
 
 TUNED = ("--batch", "64", "--group", "64")  # the README's best documented setting
+GRAPHILE_FAST = ("--concurrency", "10")  # "graphile-worker fast" (its default concurrency is 1)
+# "graphile-worker batched": the settings of graphile-worker's performance page (worker.graphile.org,
+# docs/performance), with which it reports its highest rates: a local queue, completions batched.
+GRAPHILE_BATCHED = (
+    *("--concurrency", "24", "--max-pool-size", "25", "--local-queue-size", "500"),
+    *("--complete-job-batch-delay", "0", "--fail-job-batch-delay", "0"),
+)
+# pg-boss's work() defaults (batchSize 1, a poll every 2 s) do 0.5 jobs/s a process: a round would take
+# hours. Its fastest poll (0.5 s, the least it allows) and 100 jobs a fetch: at most 200 jobs/s a process.
+PGBOSS = ("--batch-size", "100", "--polling-interval-seconds", "0.5")
+GRAPHILE_UNFINISHED = "SELECT count(*) FROM graphile_worker._private_jobs"  # done jobs are deleted
 PGLOCKKIT_UNFINISHED = (
     f"SELECT count(*) FROM pglockkit.jobs WHERE queue = '{QUEUE}' AND status IN ('queued', 'running')"
 )
@@ -257,13 +394,68 @@ SYSTEMS = [
         "SELECT count(*) FROM pgqueuer",
         "`QueueManager.run`, defaults (batch 10, durable), async entrypoint",
     ),
+    System(
+        "graphile-worker",
+        "graphile-worker",
+        _node_setup("graphile_worker.mjs"),
+        _node_enqueue("graphile_worker.mjs"),
+        _node_worker("graphile_worker.mjs"),
+        GRAPHILE_UNFINISHED,
+        "`run()`, defaults (concurrency 1), async task",
+        npm=True,
+    ),
+    System(
+        "graphile-worker fast",
+        "graphile-worker",
+        _node_setup("graphile_worker.mjs"),
+        _node_enqueue("graphile_worker.mjs"),
+        _node_worker("graphile_worker.mjs", *GRAPHILE_FAST),
+        GRAPHILE_UNFINISHED,
+        "`run()`, concurrency 10 (the CLI's `--jobs 10`), else defaults, async task",
+        npm=True,
+    ),
+    System(
+        "graphile-worker batched",
+        "graphile-worker",
+        _node_setup("graphile_worker.mjs"),
+        _node_enqueue("graphile_worker.mjs"),
+        _node_worker("graphile_worker.mjs", *GRAPHILE_BATCHED),
+        GRAPHILE_UNFINISHED,
+        "`run()`, its performance page's settings: concurrency 24, pool 25, `localQueue.size` 500, "
+        "completions and failures batched (delay 0), async task",
+        npm=True,
+    ),
+    System(
+        "pg-boss",
+        "pg-boss",
+        _node_setup("pgboss_worker.mjs"),
+        _node_enqueue("pgboss_worker.mjs"),
+        _node_worker("pgboss_worker.mjs", *PGBOSS),
+        # Done jobs stay, as 'completed'; the enum orders created < retry < active < completed.
+        f"SELECT count(*) FROM pgboss.job WHERE name = '{QUEUE}' AND state < 'completed'",
+        "`work()`, batchSize 100, pollingIntervalSeconds 0.5 (defaults: 1, 2), async handler; "
+        "polls, no LISTEN",
+        npm=True,
+    ),
 ]
 WORKERS = {"procrastinate": _procrastinate_worker, "pgqueuer": _pgqueuer_worker}
+
+
+def missing(system: System) -> str | None:
+    """Why ``system`` cannot run here (its "not installed" status), or None."""
+    if not system.npm:
+        return None if installed(system.module) else NOT_INSTALLED
+    if not npm_installed(system.module):
+        return NPM_NOT_INSTALLED
+    return None if node() else NODE_MISSING
 
 
 def system_version(system: System) -> str:
     from importlib.metadata import version
 
+    if system.npm:
+        found = node()
+        return f"{npm_version(system.module)} (Node.js {found[1] if found else '?'})"
     return version(system.module)
 
 
@@ -395,8 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str]) -> dict[str, Any]:
     """Measure with parsed ``args``; returns the JSON document, with the report under "markdown"."""
-    systems = [s for s in SYSTEMS if installed(s.module)]
-    missing = {s.name: NOT_INSTALLED for s in SYSTEMS if not installed(s.module)}
+    absent = {s.name: why for s in SYSTEMS if (why := missing(s))}
+    systems = [s for s in SYSTEMS if s.name not in absent]
     log_dir = args.output.parent
     log_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -404,7 +596,7 @@ def run(dsn: str, args: argparse.Namespace, target_name: str, argv: Sequence[str
         version = admin.execute("SHOW server_version").fetchone()[0]
         for workers in args.workers:
             rounds = measure(admin, dsn, systems, workers, args, log_dir)
-            rows += _rows(rounds, missing, workers)
+            rows += _rows(rounds, absent, workers)
     env = environment("bench.peers", argv, target_name, version)
     settings = {"workers": args.workers, "jobs": args.jobs, "runs": args.runs, "warmup": args.warmup}
     return {
@@ -450,18 +642,18 @@ def measure(
     return rounds
 
 
-def _rows(rounds: dict[str, list[Round]], missing: dict[str, str], workers: int) -> list[dict[str, Any]]:
+def _rows(rounds: dict[str, list[Round]], absent: dict[str, str], workers: int) -> list[dict[str, Any]]:
     peers = [s.name for s in SYSTEMS if s.module != "pglockkit" and s.name in rounds]
     best = max((statistics.median(r.jobs_s for r in rounds[p]) for p in peers), default=None)
     best_steady = max((statistics.median(r.steady_jobs_s for r in rounds[p]) for p in peers), default=None)
     rows = []
     for system in SYSTEMS:
-        if system.name in missing:
+        if system.name in absent:
             rows.append(
                 {
                     "system": system.name,
                     "workers": workers,
-                    "status": missing[system.name],
+                    "status": absent[system.name],
                     "settings": system.settings,
                 }
             )

@@ -10,7 +10,8 @@ another on the same server:
 - ``monitoring``: ``bench.monitoring_cost`` (views and ``sample()`` vs the bare ``pg_locks`` join);
 - ``pgbench``: ``bench.pgbench_compare`` (``xact_lock`` and the ``pglockkit.key`` hot-loop forms vs
   ``pg_advisory_xact_lock`` vs ``SELECT ... FOR UPDATE`` with pgbench);
-- ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate and pgqueuer).
+- ``peers``: ``bench.peers`` (pglockkit's ``Worker`` next to procrastinate, pgqueuer, graphile-worker
+  and pg-boss).
 - ``worker``: ``bench.worker_cost`` (commits, round trips and CPU per job vs the bare statements).
 - ``io``: ``bench.io_bound`` (jobs that wait 100 ms, 16 in flight in one process).
 - ``schedules``: ``bench.schedule_tick`` (a tick with 1,000 schedules, none due and all due).
@@ -123,7 +124,7 @@ SECTIONS = [
     ),
     Section(
         "peers",
-        "Queue peers: pglockkit vs procrastinate vs pgqueuer",
+        "Queue peers: pglockkit vs procrastinate, pgqueuer, graphile-worker, pg-boss",
         peers,
         ("--workers", "1,4", "--jobs", "3000", "--runs", "3", "--warmup", "200"),
         ("--workers", "1", "--jobs", "30", "--runs", "1", "--warmup", "5"),

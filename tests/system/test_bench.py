@@ -2,7 +2,9 @@
 
 The numbers of a quick run mean nothing; the test checks that every section ran and reported
 numbers, and that suite.md and suite.json were written. procrastinate and pgqueuer are the optional
-extra ``peers``: without them (as in CI) their rows must say so.
+extra ``peers``, graphile-worker and pg-boss the Node.js project in bench/node (``npm ci --prefix
+bench/node``, and Node.js 20+): without them (as in CI) their rows must say so, and with them they
+must be measured.
 """
 
 from __future__ import annotations
@@ -79,15 +81,20 @@ def test_quick_suite_reports_every_section(db, tmp_path: Path, capsys: pytest.Ca
 
     rows = {r["system"]: r for r in sections["peers"]["data"]["rows"]}
     names = {"pglockkit", "pglockkit tuned", "pglockkit at least once", "procrastinate", "pgqueuer"}
+    names |= {"graphile-worker", "graphile-worker fast", "graphile-worker batched", "pg-boss"}
     assert set(rows) == names
+    systems = {s.name: s for s in peers.SYSTEMS}
     for name, row in rows.items():
-        if name.startswith("pglockkit") or peers.installed(name):
+        why = peers.missing(systems[name])
+        if name.startswith("pglockkit") or why is None:
             assert row["status"] == "measured", name
             assert all(_positive(v) for v in row["jobs_s"] + row["steady_jobs_s"]), name
         else:
-            assert row["status"] == peers.NOT_INSTALLED, name
+            expected = peers.NPM_NOT_INSTALLED if systems[name].npm else peers.NOT_INSTALLED
+            assert why in (expected, peers.NODE_MISSING), name
+            assert row["status"] == why, name
             lines = markdown.splitlines()
-            assert any(x.startswith(f"| {name} | ") and peers.NOT_INSTALLED in x for x in lines), name
+            assert any(x.startswith(f"| {name} | ") and why in x for x in lines), name
     for row in sections["worker"]["data"]["rows"]:
         for who in ("worker", "bare"):
             measures = ("jobs_s", "commits_per_job", "round_trips_per_job")
