@@ -1583,3 +1583,81 @@ def test_a_functools_wraps_sync_adapter_of_an_async_def_still_runs_on_threads(ta
         "SELECT status, last_error FROM pglockkit.jobs WHERE id = ANY(%s) ORDER BY id", (ids,)
     ).fetchall()
     assert rows == [("done", None)] * 3, rows
+
+
+KINDS = ["cursor", "with-cursor", "transaction", "pipeline", "fails-unused"]
+
+
+def _stand_in(job, conn):
+    """What a handler does with its ``conn`` before its first statement (queue.md: the stand-in)."""
+    from psycopg.rows import dict_row
+
+    insert = "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0) RETURNING job_id"
+    kind = job.payload["kind"]
+    assert conn.info.encoding  # a pool connection's, before the job has one
+    if kind == "cursor":
+        cur = conn.cursor(row_factory=dict_row)
+        cur.execute(insert, (job.id, job.token))
+        assert cur.fetchone() == {"job_id": job.id}
+    elif kind == "with-cursor":
+        with conn.cursor() as cur:
+            cur.execute(insert, (job.id, job.token))
+            assert cur.fetchall() == [(job.id,)]
+    elif kind == "transaction":
+        with conn.transaction():
+            conn.execute(insert, (job.id, job.token))
+    elif kind == "pipeline":
+        with conn.pipeline():
+            conn.execute(insert, (job.id, job.token))
+    else:
+        conn.cursor()
+        raise RuntimeError("failed before any statement")
+
+
+async def _stand_in_async(job, conn):
+    from psycopg.rows import dict_row
+
+    insert = "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, 0) RETURNING job_id"
+    kind = job.payload["kind"]
+    assert conn.info.encoding
+    if kind == "cursor":
+        cur = conn.cursor()
+        cur.row_factory = dict_row  # set before the cursor exists on a connection
+        await cur.execute(insert, (job.id, job.token))
+        assert await cur.fetchone() == {"job_id": job.id}
+    elif kind == "with-cursor":
+        async with conn.cursor() as cur:
+            await cur.execute(insert, (job.id, job.token))
+            assert await cur.fetchall() == [(job.id,)]
+    elif kind == "transaction":
+        async with conn.transaction():
+            await conn.execute(insert, (job.id, job.token))
+    elif kind == "pipeline":
+        async with conn.pipeline():
+            await conn.execute(insert, (job.id, job.token))
+    else:
+        conn.cursor()
+        raise RuntimeError("failed before any statement")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_the_conn_a_job_alone_gets_works_before_and_after_it_takes_a_connection(tables, kind, asynchronous):
+    """A job that runs alone gets a stand-in ``conn`` that takes a pool connection at its first
+    statement: a cursor made before that (with a row factory), ``transaction()`` and
+    ``pipeline()`` work as on a connection, the write commits with the job, once; a handler that
+    fails before any statement fails its job and writes nothing."""
+    db = tables
+    job = q.enqueue(db.conn, "w", {"kind": kind}, max_attempts=1)
+    handler = _stand_in_async if asynchronous else _stand_in
+    assert pglockkit.Worker(db.dsn, "w", handler).run(exit_when_idle=True) == 1
+    status, error, token = db.conn.execute(
+        "SELECT status, last_error, token FROM pglockkit.jobs WHERE id = %s", (job,)
+    ).fetchone()
+    logged = db.conn.execute("SELECT job_id, token FROM done_log").fetchall()
+    if kind == "fails-unused":
+        assert status == "dead" and "failed before any statement" in error
+        assert logged == []
+    else:
+        assert (status, error) == ("done", None)
+        assert logged == [(job, token)]
