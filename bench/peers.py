@@ -6,8 +6,11 @@ What is measured
 Each system gets a database of its own, created here (``<prefix>_<system>``) and set up by its
 own tooling: ``pglockkit.install``, procrastinate's ``schema_manager.apply_schema()``, pgqueuer's
 ``Queries.install()``, graphile-worker's ``runMigrations()``, pg-boss's ``start()`` and
-``createQueue()``. Then ``--workers`` worker processes per system are started and left idle,
-waiting on LISTEN (pg-boss polls):
+``createQueue()``. For each of its rounds, ``--workers`` worker processes of the system are
+started, warmed up by a round of ``--warmup`` jobs that is not recorded, left idle waiting on LISTEN
+(pg-boss polls), given the recorded round and stopped: one system's workers run at a time, so the
+others' neither poll during its round nor hold connections (all eight entries' pools at 4 processes
+each would need more than the default max_connections of 100). Its workers:
 
 - pglockkit: ``pglockkit work --queue bench_peers --handler bench.peers:noop`` with its defaults
   (``handler(job, conn)``: exactly once, group commit); as a second entry the best setting
@@ -43,11 +46,10 @@ every 20 ms with one ``count(*)`` query: graphile-worker deletes a finished job 
 drain jobs/s = jobs / that time, what a burst costs, start-up latency included; steady
 jobs/s = the jobs done between the polls that saw 10% and 90% of the round done / the time
 between them, the rate once the workers are running (pgqueuer, for one, takes about a second to
-get going on a round). The workers wake by NOTIFY (pg-boss's at their next poll); they were warmed
-up by a first round of ``--warmup`` jobs that is not recorded. Rounds of the systems alternate in
-an order rotated run by run (``--runs``), so drift of the machine hits them all. Reported: median
-(min-max) jobs/s and each system's median / the best peer's median (the best of every entry that
-is not pglockkit's, tuned ones included).
+get going on a round). The workers wake by NOTIFY (pg-boss's at their next poll). Rounds of the
+systems alternate in an order rotated run by run (``--runs``), so drift of the machine hits them
+all. Reported: median (min-max) jobs/s and each system's median / the best peer's median (the best
+of every entry that is not pglockkit's, tuned ones included).
 
 Every worker is its own Python or Node.js process, as it would be in production; on a small
 machine they share the CPUs with the server, which is part of what is measured (a lighter client
@@ -61,7 +63,7 @@ the command that installs it. The databases are dropped at the end.
 ``--workers 1,4`` measures every system with 1 worker process, then with 4.
 
 Reproduce: ``python -m bench.peers --embedded --workers 1,4`` (or ``--dsn DSN`` of a role that
-may create databases); about 3-4 minutes.
+may create databases); about 4-5 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -510,14 +512,19 @@ class Running:
             raise RuntimeError(f"{self.system.name}: a worker exited ({dead[0].returncode}):\n{tail}")
 
 
+def _log_path(system: System, log_dir: Path) -> Path:
+    return log_dir / f"peers-{system.name.replace(' ', '_')}.log"
+
+
 def start(system: System, dsn: str, workers: int, log_dir: Path) -> Running:
-    system.setup(dsn)
+    """Start ``workers`` worker processes of ``system`` (set up in ``dsn``), their output appended
+    to its log."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     )
     env["PYTHONWARNINGS"] = "ignore"
-    log_path = log_dir / f"peers-{system.name.replace(' ', '_')}.log"
-    log = log_path.open("w", encoding="utf-8")
+    log_path = _log_path(system, log_dir)
+    log = log_path.open("a", encoding="utf-8")
     procs = [
         subprocess.Popen(
             system.worker(dsn, f"bench-{i}"), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -615,28 +622,36 @@ def measure(
     args: argparse.Namespace,
     log_dir: Path,
 ) -> dict[str, list[Round]]:
-    """Every system with ``workers`` worker processes, rounds alternating; their rounds by name."""
+    """Every system with ``workers`` worker processes, rounds alternating; their rounds by name.
+
+    A system's workers run for its own rounds only: started, warmed up by a round of
+    ``args.warmup`` jobs that is not recorded (which also waits for them to start), a recorded round,
+    stopped. So the other systems' idle workers neither poll during its round nor hold connections
+    (all eight systems' pools, at 4 processes each, need more than a default max_connections of 100).
+    """
     rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
-    running: list[Running] = []
+    dsns: dict[str, str] = {}
     try:
         for system in systems:
             name = _db_name(args.prefix, system)
             create_database(admin, name)
-            running.append(start(system, dsn_for(dsn, name), workers, log_dir))
-        for r in running:  # the first round waits for the workers to start, and warms them up
-            drain(r, args.warmup, READY_TIMEOUT_S)
-            _log(f"[peers] {r.system.name}: {workers} workers ready")
+            dsns[system.name] = dsn_for(dsn, name)
+            system.setup(dsns[system.name])
+            _log_path(system, log_dir).write_text("", encoding="utf-8")
         for i in range(args.runs):
-            shift = i % len(running)
-            for r in running[shift:] + running[:shift]:
-                rounds[r.system.name].append(rnd := drain(r, args.jobs, args.timeout))
+            shift = i % len(systems)
+            for system in [*systems[shift:], *systems[:shift]]:
+                running = start(system, dsns[system.name], workers, log_dir)
+                try:
+                    drain(running, args.warmup, READY_TIMEOUT_S)
+                    rounds[system.name].append(rnd := drain(running, args.jobs, args.timeout))
+                finally:
+                    running.stop()
                 _log(
-                    f"[peers] {workers} workers, run {i + 1}/{args.runs} {r.system.name}: "
+                    f"[peers] {workers} workers, run {i + 1}/{args.runs} {system.name}: "
                     f"{rnd.jobs_s:,.0f} jobs/s, {rnd.steady_jobs_s:,.0f} from 10% to 90% done"
                 )
     finally:
-        for r in running:
-            r.stop()
         for system in systems:
             drop_database(admin, _db_name(args.prefix, system))
     return rounds
