@@ -32,6 +32,7 @@ from pglockkit._lanes import (
     HandlerEndedTransaction,
     Lane,
     Outcome,
+    Record,
     Ticker,
     WorkerBase,
     check_connection_slots,
@@ -134,6 +135,8 @@ class Worker(WorkerBase):
             self._notify()
             if lanes:
                 await asyncio.gather(*lanes, return_exceptions=True)
+            if self._feeder is not None:
+                await self._feeder.close()
             if self._pool is not None:
                 await self._pool.close()
             for task in tasks:
@@ -277,6 +280,8 @@ class Worker(WorkerBase):
                         reply = await self._handle(hold, request)
                     elif isinstance(request, Claim):
                         reply = await self._feeder.claim(request.n)
+                    elif isinstance(request, Record):
+                        reply = await self._feeder.record(request.done, request.failed)
                     else:
                         reply = await _calls.arun_pipeline(await hold.get(), request.calls)
                     await hold.release()

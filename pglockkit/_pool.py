@@ -18,7 +18,9 @@ Lanes whose hands are empty claim through the process's feeder (``AsyncFeeder``,
 the claims of the lanes that ask while one is in flight go as one ``claim_job`` of their sizes
 added up (a few statements for 1,000 free lanes, not 1,000), and its jobs are dealt out in the
 order the lanes asked. So are the lanes' ``next_rate_token`` questions: one statement answers
-all that asked at once.
+all that asked at once. And so are the outcomes of slow jobs that wrote nothing in a
+transaction of their own (at least once, or exactly once without using the connection): one
+transaction records those of every lane that asked, and if it fails, each lane records its own.
 
 ``AsyncPool`` and ``Pool`` are the same pool for ``pglockkit.aio.Worker`` (asyncio) and
 ``pglockkit.Worker`` (threads); so are the feeders, ``AsyncLazyConnection`` and
@@ -41,7 +43,7 @@ from psycopg.pq import TransactionStatus
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
 from pglockkit._lane_connection import NOT_YOURS_TO_END, AsyncLaneConnection, LaneConnection
-from pglockkit._lanes import ConnectGate, Settings, give_back_calls
+from pglockkit._lanes import ConnectGate, Settings, give_back_calls, outcome_calls, stale_completions
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -71,6 +73,18 @@ def _claim_calls(s: Settings, total: int, token: bool) -> list[Call[Any]]:
     return [*calls, _calls.next_rate_token(s.queue)] if token else calls
 
 
+def _record_calls(
+    records: list[tuple[list[Job], list[tuple[Job, str]]]],
+) -> tuple[list[Call[Any]], list[int], int]:
+    """One transaction that records the outcomes of several lanes (in key order: ``outcome_calls``),
+    the positions of its ``complete_jobs`` calls and how many jobs they complete."""
+    done = [job for d, _ in records for job in d]
+    failed = [f for _, fs in records for f in fs]
+    calls, completions = outcome_calls(done, failed)
+    statement = _calls.statement
+    return [statement("BEGIN"), *calls, statement("COMMIT")], [i + 1 for i in completions], len(done)
+
+
 def _deal(results: list[Any], n_claims: int, sizes: list[int]) -> tuple[list[list[Job]], list[Job]]:
     """The claimed jobs dealt out, in the order the lanes asked: each gets up to its size; and the
     jobs left over (asked for by lanes that gave up waiting)."""
@@ -98,6 +112,7 @@ class AsyncPool:
         self._waiters: deque[asyncio.Future[AsyncLaneConnection | None]] = deque()
         self.sample: AsyncLaneConnection | None = None  # any connection opened: its info, adapters
         self.peak = 0
+        self.closed = False
 
     async def get(self, first: bool = False) -> AsyncLaneConnection | None:
         """A connection, waiting for one if need be; None when the worker stops while none can be
@@ -159,7 +174,7 @@ class AsyncPool:
     async def put(self, conn: AsyncLaneConnection) -> None:
         """Give a connection back: to the caller that has waited longest, or to the idle ones."""
         conn.in_job, conn.pending_savepoint = False, None
-        if not _reusable(conn):
+        if self.closed or not _reusable(conn):
             await self.discard(conn)
             return
         while self._waiters:
@@ -180,6 +195,7 @@ class AsyncPool:
                 return
 
     async def close(self) -> None:
+        self.closed = True
         for conn in self._idle:
             await conn.close()
         self._open -= len(self._idle)
@@ -519,6 +535,7 @@ class AsyncFeeder:
         self.pool, self.s, self.found = pool, settings, found
         self._claims: list[tuple[int, asyncio.Future[tuple[list[Any], Exception | None]]]] = []
         self._tokens: list[asyncio.Future[float | None]] = []
+        self._records: list[tuple[list[Job], list[tuple[Job, str]], asyncio.Future[Exception | None]]] = []
         self._task: asyncio.Task[None] | None = None
         self.statements = 0  # claim_job statements sent: how well it batches
 
@@ -526,6 +543,13 @@ class AsyncFeeder:
         """``([jobs], error)``, the reply to a lane's ``Claim``."""
         fut: asyncio.Future[tuple[list[Any], Exception | None]] = asyncio.get_running_loop().create_future()
         self._claims.append((n, fut))
+        self._serve()
+        return await fut
+
+    async def record(self, done: list[Job], failed: list[tuple[Job, str]]) -> Exception | None:
+        """The reply to a lane's ``Record``: None once its outcomes committed."""
+        fut: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self._records.append((done, failed, fut))
         self._serve()
         return await fut
 
@@ -539,10 +563,22 @@ class AsyncFeeder:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def close(self) -> None:
+        """The lanes have ended: a batch still in flight (for a lane that was cancelled) is
+        cancelled too; what it claimed goes back by its lease."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def _run(self) -> None:
-        while self._claims or self._tokens:
+        while self._claims or self._tokens or self._records:
+            records, self._records = self._records, []
+            if records:
+                await self._send_records(records)
             claims, self._claims = self._claims, []
             tokens, self._tokens = self._tokens, []
+            if not (claims or tokens):
+                continue
             try:
                 await self._send(claims, tokens)
             except BaseException as exc:
@@ -554,6 +590,32 @@ class AsyncFeeder:
                         fut.set_exception(exc if isinstance(exc, Exception) else NoConnection())
                 if not isinstance(exc, Exception):
                     raise
+
+    async def _send_records(
+        self, records: list[tuple[list[Job], list[tuple[Job, str]], asyncio.Future[Exception | None]]]
+    ) -> None:
+        calls, completions, n_done = _record_calls([(done, failed) for done, failed, _ in records])
+        error: Exception | None = NoConnection()  # until it is known to have committed
+        try:
+            conn = await self.pool.get(first=True)
+            if conn is None:
+                raise NoConnection()
+            try:
+                results, error = await _calls.arun_pipeline(conn, calls)
+                if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+                    await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+            except BaseException:
+                await self.pool.discard(conn)
+                raise
+            await self.pool.put(conn)
+            if error is None:
+                stale_completions(n_done, sum(results[i] for i in completions))
+        except Exception as exc:
+            error = exc
+        finally:  # answered even when cancelled (then not known to have committed): alone
+            for _, _, fut in records:
+                if not fut.done():
+                    fut.set_result(error)
 
     async def _send(
         self,
@@ -604,12 +666,13 @@ class AsyncFeeder:
 
 
 class _Asked:
-    __slots__ = ("answered", "n", "reply")
+    __slots__ = ("answered", "n", "outcomes", "reply")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, outcomes: tuple[list[Job], list[tuple[Job, str]]] = ([], [])) -> None:
         self.n = n
+        self.outcomes = outcomes  # a Record's (done, failed)
         self.answered = False
-        self.reply: Any = None  # ([jobs], error), or a token's (value, error)
+        self.reply: Any = None  # ([jobs], error), a token's (value, error), a Record's error
 
 
 class Feeder:
@@ -622,8 +685,14 @@ class Feeder:
         self._cond = threading.Condition()
         self._claims: list[_Asked] = []
         self._tokens: list[_Asked] = []
+        self._records: list[_Asked] = []
         self._sending = False
         self.statements = 0
+
+    def record(self, done: list[Job], failed: list[tuple[Job, str]]) -> Exception | None:
+        asked = _Asked(0, (done, failed))
+        self._serve(asked, self._records)
+        return asked.reply
 
     def claim(self, n: int) -> tuple[list[Any], Exception | None]:
         asked = _Asked(n)
@@ -648,12 +717,40 @@ class Feeder:
             self._sending = True
             claims, self._claims = self._claims, []
             tokens, self._tokens = self._tokens, []
+            records, self._records = self._records, []
         try:
-            self._send_safely(claims, tokens)
+            if records:
+                self._send_records(records)
+            if claims or tokens:
+                self._send_safely(claims, tokens)
         finally:
             with self._cond:
                 self._sending = False
                 self._cond.notify_all()  # answered lanes return; one of the others sends next
+
+    def _send_records(self, records: list[_Asked]) -> None:
+        calls, completions, n_done = _record_calls([asked.outcomes for asked in records])
+        error: Exception | None = NoConnection()  # until it is known to have committed
+        try:
+            conn = self.pool.get(first=True)
+            if conn is None:
+                raise NoConnection()
+            try:
+                results, error = _calls.run_pipeline(conn, calls)
+                if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+                    _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
+            except BaseException:
+                self.pool.discard(conn)
+                raise
+            self.pool.put(conn)
+            if error is None:
+                stale_completions(n_done, sum(results[i] for i in completions))
+        except Exception as exc:
+            error = exc
+        finally:
+            with self._cond:
+                for asked in records:
+                    asked.reply, asked.answered = error, True
 
     def _send_safely(self, claims: list[_Asked], tokens: list[_Asked]) -> None:
         try:

@@ -37,6 +37,7 @@ from pglockkit._lanes import (
     HandlerEndedTransaction,
     Lane,
     Outcome,
+    Record,
     Ticker,
     Watch,
     WorkerBase,
@@ -317,6 +318,8 @@ class Worker(WorkerBase):
                         reply = self._handle(hold, request)
                     elif isinstance(request, Claim):
                         reply = self._feeder.claim(request.n)
+                    elif isinstance(request, Record):
+                        reply = self._feeder.record(request.done, request.failed)
                     else:
                         reply = _calls.run_pipeline(hold.get(), request.calls)
                     hold.release()

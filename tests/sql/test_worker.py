@@ -1661,3 +1661,42 @@ def test_the_conn_a_job_alone_gets_works_before_and_after_it_takes_a_connection(
     else:
         assert (status, error) == ("done", None)
         assert logged == [(job, token)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_slow_jobs_that_write_nothing_have_their_outcomes_recorded_together(tables, asynchronous):
+    """docs/queue.md: at-least-once handlers hold no connection while they run, and the outcomes
+    of slow jobs that wrote nothing are recorded with other lanes' in one transaction. 100 jobs in
+    flight that finish together (each waits for all to have started, then 0.1 s), every tenth
+    failing: every outcome recorded once (90 done, 10 dead at their one attempt), by a few
+    transactions (the rows' distinct ``xmin``). Alone, each outcome was a transaction of its own:
+    100."""
+    db = tables
+    n = 100
+    ids = q.enqueue_many(db.conn, "w", [{"fail": i % 10 == 0} for i in range(n)], max_attempts=1)
+    ran: list[int] = []
+    barrier = threading.Barrier(n)
+
+    def handler(job):
+        barrier.wait(20)
+        time.sleep(0.1)
+        ran.append(job.id)
+        if job.payload["fail"]:
+            raise RuntimeError("this one fails")
+
+    async def ahandler(job):
+        ran.append(job.id)
+        while len(ran) < n:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        if job.payload["fail"]:
+            raise RuntimeError("this one fails")
+
+    chosen = ahandler if asynchronous else handler
+    worker = pglockkit.Worker(db.dsn, "w", chosen, concurrency=n, connections=4, tick_schedules=False)
+    assert worker.run(exit_when_idle=True) == n
+    writers = db.conn.execute("SELECT count(DISTINCT xmin::text) FROM pglockkit.jobs").fetchone()[0]
+    statuses = db.conn.execute("SELECT status, count(*) FROM pglockkit.jobs GROUP BY 1").fetchall()
+    assert sorted(statuses) == [("dead", 10), ("done", 90)]
+    assert sorted(ran) == sorted(ids)
+    assert writers <= 10, writers
