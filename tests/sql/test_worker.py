@@ -649,14 +649,19 @@ def test_sigterm_with_jobs_in_flight_finishes_them_and_gives_back_the_rest(table
         (("--connections", "ten"), "argument --connections: invalid int value: 'ten'"),
     ],
 )
-def test_cli_refuses_bad_worker_settings(db, args, error):
-    """Exit 2 with the reason, before connecting; nothing claimed."""
-    from scenarios import cli
+def test_cli_refuses_bad_worker_settings(db, args, error, capsys):
+    """Exit 2 with the reason, before connecting; nothing claimed (in process: the command line's
+    own exit is ``test_a_worker_that_needs_more_connections_than_the_server_allows_refuses_to_start``)."""
+    from pglockkit import cli
 
     job = q.enqueue(db.conn, "w", {})
-    out = cli("work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps", *args)
-    assert out.returncode == 2 and error in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    try:
+        code = cli.main(["work", "--dsn", db.dsn, "--queue", "w", "--handler", "json:dumps", *args])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and error in err, err
+    assert "Traceback" not in err
     assert db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (job,)).fetchone() == (
         "queued",
     )

@@ -53,11 +53,11 @@ def test_two_swarm_workers_lose_nothing_while_one_is_sigkilled_about_every_secon
 @pytest.mark.slow
 def test_a_swarm_worker_goes_on_through_terminated_pool_connections_and_a_restart(server, private_server):
     """One worker process with 500 jobs in flight (asyncio; 200 on threads) on a pool of 6 drains
-    3,000 jobs of 0.3 s while its pool connections are ended with pg_terminate_backend, one every
+    2,000 jobs of 0.3 s while its pool connections are ended with pg_terminate_backend, one every
     0.3 s, and the server is restarted midway: every job done exactly once, the process never
     exits and never holds more than its 6 + 2 connections, and it stops cleanly."""
     dsn = private_server.dsn()
-    total = 3000
+    total = 2000
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE done_log (job_id bigint, token bigint, pid int)")
         q.enqueue_many(conn, "w", [{"sleep": 0.3}] * total, max_attempts=50)
