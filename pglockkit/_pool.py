@@ -133,6 +133,7 @@ class AsyncPool:
                     if conn is not None:
                         return conn
                 elif self.stopping():
+                    self._wake_one()  # and the next waiter sees it too
                     return None
                 wait = min(wait, RECHECK)  # the gate is closed: ask it again soon
             fut: asyncio.Future[AsyncLaneConnection | None] = asyncio.get_running_loop().create_future()
@@ -161,15 +162,25 @@ class AsyncPool:
         except psycopg.OperationalError as exc:
             self._open -= 1
             self.gate.connect_failed(exc)
+            self._wake_one()  # a waiter queued while every place was taken may try (or stop)
             return None
         except BaseException:
             self._open -= 1
             self.gate.connected()  # not the server's answer: let the next caller try
+            self._wake_one()
             raise
         self.gate.connected()
         self.sample = conn
         self.peak = max(self.peak, self._open)
         return conn
+
+    def _wake_one(self) -> None:
+        """The longest waiter, with no connection: a place is free, or the worker stops."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
     async def put(self, conn: AsyncLaneConnection) -> None:
         """Give a connection back: to the caller that has waited longest, or to the idle ones."""
@@ -188,11 +199,7 @@ class AsyncPool:
         """Close a connection (lost, or left in a transaction) and free its place."""
         self._open -= 1
         await conn.close()
-        while self._waiters:  # the longest waiter may open a new one now
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
+        self._wake_one()  # it may open a new one now
 
     async def close(self) -> None:
         self.closed = True
@@ -390,6 +397,7 @@ class Pool:
                         self._open += 1
                         connect = True
                     elif self.stopping():
+                        self._wake_one()  # and the next waiter sees it too
                         return None
                     wait = min(wait, RECHECK)
                 waiter = None
@@ -419,11 +427,13 @@ class Pool:
         except psycopg.OperationalError as exc:
             with self._lock:
                 self._open -= 1
+                self._wake_one()
             self.gate.connect_failed(exc)
             return None
         except BaseException:
             with self._lock:
                 self._open -= 1
+                self._wake_one()
             self.gate.connected()
             raise
         self.gate.connected()
@@ -450,11 +460,15 @@ class Pool:
         conn.close()
         with self._lock:
             self._open -= 1
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.gone:
-                    waiter.event.set()  # with no connection: it may open one now
-                    return
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """``AsyncPool._wake_one``; called with the lock held."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.gone:
+                waiter.event.set()  # with no connection
+                return
 
     def close(self) -> None:
         with self._lock:
