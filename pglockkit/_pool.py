@@ -111,7 +111,6 @@ class AsyncPool:
         self._open = 0  # open or being opened
         self._waiters: deque[asyncio.Future[AsyncLaneConnection | None]] = deque()
         self.sample: AsyncLaneConnection | None = None  # any connection opened: its info, adapters
-        self.peak = 0
         self.closed = False
 
     async def get(self, first: bool = False) -> AsyncLaneConnection | None:
@@ -171,7 +170,6 @@ class AsyncPool:
             raise
         self.gate.connected()
         self.sample = conn
-        self.peak = max(self.peak, self._open)
         return conn
 
     def _wake_one(self) -> None:
@@ -377,7 +375,6 @@ class Pool:
         self._open = 0
         self._waiters: deque[_Waiter] = deque()
         self.sample: LaneConnection | None = None
-        self.peak = 0
 
     def get(self, first: bool = False) -> LaneConnection | None:
         """``AsyncPool.get``."""
@@ -439,7 +436,6 @@ class Pool:
         self.gate.connected()
         with self._lock:
             self.sample = conn
-            self.peak = max(self.peak, self._open)
         return conn
 
     def put(self, conn: LaneConnection) -> None:
@@ -551,7 +547,6 @@ class AsyncFeeder:
         self._tokens: list[asyncio.Future[float | None]] = []
         self._records: list[tuple[list[Job], list[tuple[Job, str]], asyncio.Future[Exception | None]]] = []
         self._task: asyncio.Task[None] | None = None
-        self.statements = 0  # claim_job statements sent: how well it batches
 
     async def claim(self, n: int) -> tuple[list[Any], Exception | None]:
         """``([jobs], error)``, the reply to a lane's ``Claim``."""
@@ -651,7 +646,6 @@ class AsyncFeeder:
             else:
                 await self.pool.discard(conn)
             raise
-        self.statements += n_claims
         if error is not None and len(results) < n_claims:  # a claim failed: nothing was claimed
             await self.pool.put(conn)
             for _, fut in claims:
@@ -680,9 +674,10 @@ class AsyncFeeder:
 
 
 class _Asked:
-    __slots__ = ("answered", "n", "outcomes", "reply")
+    __slots__ = ("answered", "kind", "n", "outcomes", "reply")
 
-    def __init__(self, n: int, outcomes: tuple[list[Job], list[tuple[Job, str]]] = ([], [])) -> None:
+    def __init__(self, kind: str, n: int = 0, outcomes: tuple[list[Job], list[tuple[Job, str]]] = ([], [])):
+        self.kind = kind  # "claim", "token" or "record"
         self.n = n
         self.outcomes = outcomes  # a Record's (done, failed)
         self.answered = False
@@ -697,42 +692,43 @@ class Feeder:
     def __init__(self, pool: Pool, settings: Settings, found: Callable[[], None]):
         self.pool, self.s, self.found = pool, settings, found
         self._cond = threading.Condition()
-        self._claims: list[_Asked] = []
-        self._tokens: list[_Asked] = []
-        self._records: list[_Asked] = []
+        self._asked: list[_Asked] = []  # taken whole, under the lock, by the lane that sends
         self._sending = False
-        self.statements = 0
 
     def record(self, done: list[Job], failed: list[tuple[Job, str]]) -> Exception | None:
-        asked = _Asked(0, (done, failed))
-        self._serve(asked, self._records)
+        asked = _Asked("record", 0, (done, failed))
+        self._serve(asked)
         return asked.reply
 
     def claim(self, n: int) -> tuple[list[Any], Exception | None]:
-        asked = _Asked(n)
-        self._serve(asked, self._claims)
+        asked = _Asked("claim", n)
+        self._serve(asked)
         return asked.reply
 
     def next_rate_token(self) -> float | None:
-        asked = _Asked(0)
-        self._serve(asked, self._tokens)
+        asked = _Asked("token")
+        self._serve(asked)
         value, error = asked.reply
         if error is not None:
             raise error
         return value
 
-    def _serve(self, mine: _Asked, into: list[_Asked]) -> None:
+    def _serve(self, mine: _Asked) -> None:
+        # A lane's question goes in under the lock, as one list taken whole: a lane that named
+        # the list to join before taking the lock (it once did) could join one a sender had
+        # already taken, and be answered by nobody.
         with self._cond:
-            into.append(mine)
+            self._asked.append(mine)
             while self._sending and not mine.answered:
                 self._cond.wait()
             if mine.answered:
                 return
             self._sending = True
-            claims, self._claims = self._claims, []
-            tokens, self._tokens = self._tokens, []
-            records, self._records = self._records, []
+            asked, self._asked = self._asked, []
         try:
+            records = [a for a in asked if a.kind == "record"]
+            claims = [a for a in asked if a.kind == "claim"]
+            tokens = [a for a in asked if a.kind == "token"]
             if records:
                 self._send_records(records)
             if claims or tokens:
@@ -798,7 +794,6 @@ class Feeder:
                 self.pool.discard(conn)
             raise
         self.pool.put(conn)
-        self.statements += n_claims
         if error is not None and len(results) < n_claims:
             replies: list[Any] = [([], error)] * len(claims)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -1705,3 +1706,53 @@ def test_slow_jobs_that_write_nothing_have_their_outcomes_recorded_together(tabl
     assert sorted(statuses) == [("dead", 10), ("done", 90)]
     assert sorted(ran) == sorted(ids)
     assert writers <= 10, writers
+
+
+def test_the_threads_feeder_answers_every_lane_that_asks_while_another_sends(tables):
+    """pglockkit.Worker's lane threads share one Feeder: a lane that asks while another sends
+    waits for the next batch. 24 threads claim, ask for a rate token and record, as fast as they
+    can, on a pool of 3: every question gets its own answer (a lane that asked just as a batch was
+    taken was once left out of both and answered None: a claim or token raised TypeError, and a
+    record read as committed while it never was), and every job is done exactly once."""
+    from pglockkit._lanes import ConnectGate, worker_params
+    from pglockkit._pool import Feeder, Pool
+
+    db = tables
+    total = 600
+    q.enqueue_many(db.conn, "w", [{}] * total)
+    settings = pglockkit.Worker(db.dsn, "w", lambda job: None, concurrency=24).settings
+    pool = Pool(db.dsn, worker_params(db.dsn, "feeder test"), 3, ConnectGate(1.0), lambda: False)
+    feeder = Feeder(pool, settings, lambda: None)
+    failures: list[BaseException] = []
+    recorded: list[int] = []
+
+    def lane() -> None:
+        try:
+            while True:
+                claimed, error = feeder.claim(1)
+                assert error is None, error
+                jobs = claimed[0]
+                assert feeder.next_rate_token() is None  # no rate limit on "w"
+                if not jobs:
+                    return
+                assert feeder.record(jobs, []) is None
+                recorded.extend(job.id for job in jobs)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=lane) for _ in range(24)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: the race shows
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+        pool.close()
+    assert not failures, failures[:3]
+    assert len(recorded) == len(set(recorded)) == total
+    assert db.conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM pglockkit.jobs WHERE queue = 'w'"
+    ).fetchone() == (total, total)
