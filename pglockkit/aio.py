@@ -28,13 +28,13 @@ from typing import Any, TypeVar
 import psycopg
 
 from pglockkit import _calls
-from pglockkit._aio_worker import Worker
 from pglockkit._calls import Job, Timeout
 from pglockkit.connection import connect_params, sever
 from pglockkit.errors import LockTimeout, RetryableError
 from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
 from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
+from pglockkit.worker.driver_async import Worker
 
 T = TypeVar("T")
 

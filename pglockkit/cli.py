@@ -21,7 +21,6 @@ import psycopg
 
 from pglockkit import _calls, embedded, leases, locks, monitor, queue, runs, scheduling
 from pglockkit import _format as fmt
-from pglockkit._lanes import BATCH, CONNECTIONS, GROUP, GROUP_TIME, LONGEST_PAUSE
 from pglockkit._once import Once
 from pglockkit.connection import DSN_ENV, connect, resolve_dsn
 from pglockkit.errors import LimitExceeded, PglockkitError
@@ -29,6 +28,7 @@ from pglockkit.install import grant, install, status, uninstall
 from pglockkit.releases import RELEASES, release_of
 from pglockkit.retry import TICK_BACKOFF_CAP
 from pglockkit.worker import Worker
+from pglockkit.worker.lane import BATCH, CONNECTIONS, GROUP, GROUP_TIME, LONGEST_PAUSE
 
 T = TypeVar("T")
 

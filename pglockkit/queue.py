@@ -12,8 +12,8 @@ import psycopg
 
 from pglockkit import _calls
 from pglockkit._calls import Job
-from pglockkit._lanes import NOTIFY_CHANNEL
 from pglockkit.worker import Worker
+from pglockkit.worker.lane import NOTIFY_CHANNEL
 
 __all__ = [
     "NOTIFY_CHANNEL",

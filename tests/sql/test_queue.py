@@ -1424,7 +1424,7 @@ def test_a_workers_group_recording_a_failure_does_not_deadlock_with_a_stale_comp
     waited for its job row: 40P01. The group (the calls the worker sends, outcome_calls) now
     locks all its job rows first, in id order, and holds no key row while it waits for one."""
     from pglockkit import _calls
-    from pglockkit._lanes import outcome_calls
+    from pglockkit.worker.lane import outcome_calls
 
     def enqueue(key):
         return q.enqueue(

@@ -959,9 +959,9 @@ def test_claims_that_keep_conflicting_pause_the_lane_without_a_lane_error(tables
     """A claim into an empty hand that conflicts CLAIM_TRIES times in a row (here 1, so that it
     happens) held nothing: the lane pauses and claims again, logged as such, not as a lane error
     whose group was rolled back; every job still runs once."""
-    import pglockkit._lanes
+    import pglockkit.worker.lane
 
-    monkeypatch.setattr(pglockkit._lanes, "CLAIM_TRIES", 1)
+    monkeypatch.setattr(pglockkit.worker.lane, "CLAIM_TRIES", 1)
     messages = _drain_under_repeatable_read(tables, caplog, 1000, batch=1, group=1)
     assert any("1 claims in a row conflicted (could not serialize" in m for m in messages)  # the path ran
     assert not [m for m in messages if "lane error" in m]
@@ -1714,8 +1714,8 @@ def test_the_threads_feeder_answers_every_lane_that_asks_while_another_sends(tab
     can, on a pool of 3: every question gets its own answer (a lane that asked just as a batch was
     taken was once left out of both and answered None: a claim or token raised TypeError, and a
     record read as committed while it never was), and every job is done exactly once."""
-    from pglockkit._lanes import ConnectGate, worker_params
-    from pglockkit._pool import Feeder, Pool
+    from pglockkit.worker.lane import ConnectGate, worker_params
+    from pglockkit.worker.pool import Feeder, Pool
 
     db = tables
     total = 600

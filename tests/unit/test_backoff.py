@@ -33,7 +33,7 @@ def test_a_tick_that_works_after_failures_is_followed_by_one_a_second_later():
 
     import psycopg
 
-    from pglockkit._lanes import Ticker
+    from pglockkit.worker.lane import Ticker
 
     ticker = Ticker(True)
     assert ticker.due()

@@ -1,5 +1,5 @@
 """The gate a worker process's pool connects through once the server refuses connections (for want
-of slots, or down), ``pglockkit._lanes.ConnectGate``, on a clock of the test's (no server)."""
+of slots, or down), ``pglockkit.worker.lane.ConnectGate``, on a clock of the test's (no server)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import psycopg
 
-from pglockkit._lanes import GATE_POLL, GATE_REPORT_EVERY, ConnectGate, refused_for_slots
+from pglockkit.worker.lane import GATE_POLL, GATE_REPORT_EVERY, ConnectGate, refused_for_slots
 
 FULL = psycopg.OperationalError(
     'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  sorry, too many '

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from pglockkit import _calls
 from pglockkit._calls import Job
-from pglockkit._lanes import give_back_calls, key_order, outcome_calls
+from pglockkit.worker.lane import give_back_calls, key_order, outcome_calls
 
 
 def _job(id_: int, key: str | None, queue: str = "q") -> Job:

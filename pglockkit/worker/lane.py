@@ -4,11 +4,11 @@
 A worker process runs ``concurrency`` lanes (its jobs in flight). A lane runs jobs one after
 another; ``Lane.drain`` is a generator that decides every step and yields the I/O it needs
 (``Pipeline``: statements sent in one round trip, on the lane's connection; ``Claim``: jobs for
-an empty hand, which the driver claims together with other lanes' (``pglockkit._pool``'s
+an empty hand, which the driver claims together with other lanes' (``pglockkit.worker.pool``'s
 feeder); ``Handle``: run the handler on a job). The sync and async drivers perform that I/O and
 send the result back, so both workers share one definition of group commit. A lane takes a
 connection from the process's pool for each round trip and keeps it while a transaction is open
-(``pglockkit._pool``): what follows says which.
+(``pglockkit.worker.pool``): what follows says which.
 
 Group commit, exactly once (``handler(job, conn)``)
     Jobs that run one after another on a lane share one transaction. It begins by locking the
@@ -140,7 +140,7 @@ def is_async(handler: Callable[..., Any]) -> bool:
     """An ``async def`` or an object with an async ``__call__``. Not a plain function that wraps
     one (``functools.wraps`` says what it wraps, not what it returns: asgiref's ``async_to_sync``,
     or a ``def`` that runs ``asyncio.run``, is sync); a plain function that returns a coroutine
-    fails its job with a ``TypeError`` that names ``pglockkit.aio.Worker`` (``worker.py``)."""
+    fails its job with a ``TypeError`` that names ``pglockkit.aio.Worker`` (``driver.py``)."""
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
     )

@@ -42,8 +42,8 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
-from pglockkit._lane_connection import NOT_YOURS_TO_END, AsyncLaneConnection, LaneConnection
-from pglockkit._lanes import ConnectGate, Settings, give_back_calls, outcome_calls, stale_completions
+from pglockkit.worker.connection import NOT_YOURS_TO_END, AsyncLaneConnection, LaneConnection
+from pglockkit.worker.lane import ConnectGate, Settings, give_back_calls, outcome_calls, stale_completions
 
 log = logging.getLogger("pglockkit.queue")
 

@@ -1,12 +1,12 @@
 """``pglockkit.Worker``: claim jobs of a queue and run a handler on each, many at once per process.
 
 Per process: ``concurrency`` lanes, each a thread running jobs one after another, sharing a pool
-of ``connections`` (``pglockkit._pool``: a lane holds a connection only while it needs one, and
+of ``connections`` (``pglockkit.worker.pool``: a lane holds a connection only while it needs one, and
 one that is lost is opened again); one LISTEN connection (the thread that called ``run``), which
 wakes idle lanes on NOTIFY; one heartbeat thread and connection, which extends every job in hand
 with one ``extend_jobs`` statement per tick. So ``connections + 2`` connections, whatever
 ``concurrency`` is. What a lane does (group commit, exactly once or at least once) is
-``pglockkit._lanes``.
+``pglockkit.worker.lane``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Job, first_line
-from pglockkit._lanes import (
+from pglockkit.errors import PglockkitError
+from pglockkit.retry import RECONNECT_BASE, backoff
+from pglockkit.worker.lane import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
@@ -48,9 +50,7 @@ from pglockkit._lanes import (
     undecodable,
     worker_params,
 )
-from pglockkit._pool import Feeder, Hold, LazyConnection, NoConnection, Pool, outlived
-from pglockkit.errors import PglockkitError
-from pglockkit.retry import RECONNECT_BASE, backoff
+from pglockkit.worker.pool import Feeder, Hold, LazyConnection, NoConnection, Pool, outlived
 
 log = logging.getLogger("pglockkit.queue")
 

@@ -1,7 +1,7 @@
 """``pglockkit.aio.Worker``: ``pglockkit.Worker`` for ``async def`` handlers, on an asyncio loop.
 
-The same lanes (``pglockkit._lanes``), run as asyncio tasks: ``concurrency`` jobs in flight,
-sharing a pool of ``connections`` (``pglockkit._pool``: a lane holds one only while it needs
+The same lanes (``pglockkit.worker.lane``), run as asyncio tasks: ``concurrency`` jobs in flight,
+sharing a pool of ``connections`` (``pglockkit.worker.pool``: a lane holds one only while it needs
 one); one LISTEN connection and one heartbeat task and connection per worker: ``connections + 2``
 connections in all.
 """
@@ -21,7 +21,9 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Job, first_line
-from pglockkit._lanes import (
+from pglockkit.errors import PglockkitError
+from pglockkit.retry import RECONNECT_BASE, backoff
+from pglockkit.worker.lane import (
     HANDLER_ENDED_TRANSACTION,
     IDLE,
     NOTIFY_CHANNEL,
@@ -42,9 +44,14 @@ from pglockkit._lanes import (
     undecodable,
     worker_params,
 )
-from pglockkit._pool import AsyncFeeder, AsyncHold, AsyncLazyConnection, AsyncPool, NoConnection, outlived
-from pglockkit.errors import PglockkitError
-from pglockkit.retry import RECONNECT_BASE, backoff
+from pglockkit.worker.pool import (
+    AsyncFeeder,
+    AsyncHold,
+    AsyncLazyConnection,
+    AsyncPool,
+    NoConnection,
+    outlived,
+)
 
 log = logging.getLogger("pglockkit.queue")
 

@@ -1,0 +1,20 @@
+"""The worker: claim jobs of a queue and run a handler on each, many at once per process.
+
+The route a job takes, from ``pglockkit work`` (``pglockkit.cli``) to its commit:
+
+- ``lane.py``: the settings (checked once) and the sans-IO lane, which decides everything (what
+  to claim, when a group commits, what a job's outcome is, in which order outcomes are written)
+  and asks its driver for round trips: ``Lane.drain`` yields requests (``Pipeline``,
+  ``Handle``, ``Claim``, ``Record``) and gets their replies;
+- ``pool.py``: the connections a process's jobs share (a job holds one only while it uses one),
+  the connection an exactly-once handler gets before it has one, and the feeder that batches
+  the lanes' claims and outcomes;
+- ``connection.py``: the lane connection, which refuses a handler's ``COMMIT``/``ROLLBACK`` of
+  the worker's transaction;
+- ``driver_async.py``: ``pglockkit.aio.Worker``, the lanes as asyncio tasks; and ``driver.py``,
+  ``pglockkit.Worker``, the lanes as threads, generated from it by ``tools/async_to_sync.py``.
+"""
+
+from pglockkit.worker.driver import Worker
+
+__all__ = ["Worker"]
