@@ -1,12 +1,23 @@
-"""``pglockkit.Worker``: claim jobs of a queue and run a handler on each, many at once per process.
+# Generated from pglockkit/worker/driver_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
+"""The worker's drivers: ``pglockkit.aio.Worker`` runs its lanes as asyncio tasks, and
+``pglockkit.Worker`` as threads.
 
-Per process: ``concurrency`` lanes, each a thread running jobs one after another, sharing a pool
-of ``connections`` (``pglockkit.worker.pool``: a lane holds a connection only while it needs one, and
-one that is lost is opened again); one LISTEN connection (the thread that called ``run``), which
-wakes idle lanes on NOTIFY; one heartbeat thread and connection, which extends every job in hand
-with one ``extend_jobs`` statement per tick. So ``connections + 2`` connections, whatever
-``concurrency`` is. What a lane does (group commit, exactly once or at least once) is
-``pglockkit.worker.lane``.
+One source: this text, as written in ``driver_async.py``, is the asyncio driver, and
+``tools/async_to_sync.py`` writes the threads driver (``driver.py``) from it: ``await`` dropped,
+the pool's and the connections' names read without their ``Async`` prefix, and each ``if True:
+# ASYNC`` block replaced by its ``else:`` block (what only one flavour does: starting and
+stopping the lanes, waiting, signals).
+What a lane does with a job (claiming, running the handler, recording its outcome, recovering
+from a lost connection) is written once, in the methods outside those blocks.
+
+Per process: ``concurrency`` lanes, each running jobs one after another, sharing a pool of
+``connections`` (``pglockkit.worker.pool``: a lane holds a connection only while it needs one,
+and one that is lost is opened again); one LISTEN connection, which wakes idle lanes on NOTIFY;
+one heartbeat and its connection, which extends every job in hand with one ``extend_jobs``
+statement per tick. So ``connections + 2`` connections, whatever ``concurrency`` is. What a lane
+decides (group commit, exactly once or at least once) is ``pglockkit.worker.lane``.
 """
 
 from __future__ import annotations
@@ -50,7 +61,14 @@ from pglockkit.worker.lane import (
     undecodable,
     worker_params,
 )
-from pglockkit.worker.pool import Feeder, Hold, LazyConnection, NoConnection, Pool, outlived
+from pglockkit.worker.pool import (
+    Feeder,
+    Hold,
+    LazyConnection,
+    NoConnection,
+    Pool,
+    outlived,
+)
 
 log = logging.getLogger("pglockkit.queue")
 
@@ -93,42 +111,45 @@ class _Heartbeat:
 
 
 def returned_awaitable(result: Any) -> str:
-    """Why a job whose ``def`` handler returned ``result`` (a coroutine, say) fails. A coroutine is
-    closed, so that it is not reported "never awaited"."""
+    """Why a job whose ``def`` handler returned ``result`` (a coroutine, say) fails. A
+    coroutine is closed, so that it is not reported "never awaited"."""
     what = f"an awaitable ({type(result).__name__})"
     if inspect.iscoroutine(result):
         what = f"a coroutine ({result.__qualname__})"
         result.close()
     return (
-        f"the handler returned {what} instead of running it: an async def behind a plain function (a "
-        "decorator, a lambda, an object with a def __call__); make the handler itself an async def (or an "
-        "object with an async def __call__): pglockkit.Worker and `pglockkit work` then run it on "
-        "pglockkit.aio.Worker"
+        f"the handler returned {what} instead of running it: an async def behind a plain function "
+        "(a decorator, a lambda, an object with a def __call__); make the handler itself an async "
+        "def (or an object with an async def __call__): pglockkit.Worker and `pglockkit work` then "
+        "run it on pglockkit.aio.Worker"
     )
 
 
 class Worker(WorkerBase):
-    """Claim, run, heartbeat, complete or fail; wake on NOTIFY, poll as a fallback; stop gracefully.
+    __doc__ = """Claim, run, heartbeat, complete or fail; wake on NOTIFY, poll as a fallback; stop
+    gracefully.
 
-    ``handler(job, conn)`` runs inside a transaction on ``conn``, and the job's completion commits
-    in that same transaction: its writes and its ``done`` commit together or not at all (exactly
-    once). Jobs that run one after another on a connection share one transaction, a savepoint
-    each (group commit: ``group`` jobs or ``group_time`` seconds, whichever comes first). Raising
-    rolls back to the job's savepoint and records a failed attempt (retried with backoff until
-    ``max_attempts``, then dead); the group's other jobs are not affected.
+    ``handler(job, conn)`` runs inside a transaction on ``conn``, and the job's completion
+    commits in that same transaction: its writes and its ``done`` commit together or not at
+    all (exactly once). Jobs that run one after another on a connection share one
+    transaction, a savepoint each (group commit: ``group`` jobs or ``group_time`` seconds,
+    whichever comes first). Raising rolls back to the job's savepoint and records a failed
+    attempt (retried with backoff until ``max_attempts``, then dead); the group's other jobs
+    are not affected.
 
     ``handler(job)``, with no connection (it only calls outside systems), runs outside any
-    transaction, and its completions are recorded in batches: a crash before they are recorded
-    runs those jobs again (at least once).
+    transaction, and its completions are recorded in batches: a crash before they are
+    recorded runs those jobs again (at least once).
 
     ``concurrency`` jobs run at once: ``def`` handlers on that many threads, ``async def``
-    handlers on an asyncio loop (``pglockkit.aio.Worker``). A lane claims up to ``batch`` jobs at
-    a time, fewer when its jobs are slow. SIGTERM/SIGINT (when ``run`` is called in the main
-    thread) finish the jobs in hand, commit, give back unstarted jobs, and return.
+    handlers on an asyncio loop (``pglockkit.aio.Worker``). A lane claims up to ``batch``
+    jobs at a time, fewer when its jobs are slow. SIGTERM/SIGINT (when ``run`` is called in
+    the main thread) finish the jobs in hand, commit, give back unstarted jobs, and return.
 
-    A lost connection (server restart, failover, terminated backend) is retried with full-jitter
-    exponential backoff (0.1 s doubling up to ``reconnect_cap``); the open group's jobs go back by
-    their lease. A first connection that fails raises at once (a wrong DSN is not an outage).
+    A lost connection (server restart, failover, terminated backend) is retried with
+    full-jitter exponential backoff (0.1 s doubling up to ``reconnect_cap``); the open
+    group's jobs go back by their lease. A first connection that fails raises at once (a
+    wrong DSN is not an outage).
 
     With ``tick_schedules`` (default), the process also ticks the database's schedules
     (``pglockkit.tick_schedules``) about once a second on its LISTEN connection, so that due
@@ -139,6 +160,8 @@ class Worker(WorkerBase):
     >>> Worker(dsn, "emails", send, concurrency=4).run()  # doctest: +SKIP
     """
 
+    # --- starting and stopping --------------------------------------------------------------
+
     def _ready(self) -> None:
         self._wake = threading.Condition()
         self._wakeups = 0
@@ -148,7 +171,7 @@ class Worker(WorkerBase):
         self._feeder: Feeder | None = None
         self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
         if is_async(self.handler):
-            from pglockkit.aio import Worker as AsyncWorker
+            from pglockkit.worker.driver_async import Worker as AsyncWorker
 
             self._delegate = AsyncWorker(self.dsn, self.queue, self.handler, **self.options)
 
@@ -164,9 +187,10 @@ class Worker(WorkerBase):
 
     def stop(self) -> None:
         """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
-        Safe from any thread and from a signal handler. In the main thread (where signal handlers
-        run, wherever that thread was: perhaps inside a lock that waking the lanes takes) it only
-        sets a flag, which the lanes and the thread in ``run`` look at every quarter of a second."""
+        Safe from any thread and from a signal handler. In the main thread (where signal
+        handlers run, wherever that thread was: perhaps inside a lock that waking the lanes
+        takes) it only sets a flag, which the lanes and the thread in ``run`` look at every
+        quarter of a second."""
         if self._delegate:
             self._delegate.stop()
         self._stop_asked = True
@@ -184,16 +208,16 @@ class Worker(WorkerBase):
         return self._stopping.is_set()
 
     def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
-        """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
-        found the queue without a due job, other than ones a paused queue or a concurrency limit
-        holds back: a due job waiting for its rate key's next token is waited for). Returns the
-        number of jobs processed."""
+        """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every
+        lane found the queue without a due job, other than ones a paused queue or a concurrency
+        limit holds back: a due job waiting for its rate key's next token is waited for).
+        Returns the number of jobs processed."""
         if self._delegate:
             return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
         self._budget = Budget(max_jobs)
         s = self.settings
         app = f"pglockkit worker {s.queue}"
-        listener = psycopg.connect(self.dsn, **worker_params(self.dsn, f"{app} listen"))  # raises at once
+        listener = self._connect(f"{app} listen")  # a wrong DSN raises here, at once
         try:
             check_connection_slots(s, *_calls.run(listener, _calls.connection_slots()))
         except BaseException:
@@ -210,9 +234,8 @@ class Worker(WorkerBase):
             )
             self._feeder = Feeder(self._pool, s, self._notify)
             for i in range(s.concurrency):
-                lanes.append(
-                    threading.Thread(target=self._lane, args=(exit_when_idle,), name=f"pglockkit-lane-{i}")
-                )
+                name = f"pglockkit-lane-{i}"
+                lanes.append(threading.Thread(target=self._lane, args=(exit_when_idle,), name=name))
                 lanes[-1].start()
             listener = self._listen(listener, lanes)
         finally:
@@ -228,7 +251,10 @@ class Worker(WorkerBase):
             restore()
         return self.processed
 
-    # --- lanes ----------------------------------------------------------------------------
+    def _connect(self, application_name: str) -> psycopg.Connection:
+        return psycopg.Connection.connect(self.dsn, **worker_params(self.dsn, application_name))
+
+    # --- lanes ------------------------------------------------------------------------------
 
     def _lane(self, exit_when_idle: bool) -> None:
         """A lane: its jobs one after another, on the pool's connections; a lost one is dropped and
@@ -243,7 +269,7 @@ class Worker(WorkerBase):
                     # Stopping after a failure (the server may be down): the jobs in hand go back by
                     # their lease. Trying again would wait out the connect timeout, again and again.
                     return
-                seen = self._wakeups
+                mark = self._wake_mark()
                 try:
                     why = self._drive(lane, hold)
                     token_in = None
@@ -272,7 +298,7 @@ class Worker(WorkerBase):
                     continue
                 if why != IDLE or self._asked_to_stop() or (exit_when_idle and token_in is None):
                     return
-                self._wait_for_work(seen, token_in)
+                self._wait_for_work(mark, token_in)
         finally:
             lane.forget()
             if hold.conn is not None:
@@ -280,30 +306,6 @@ class Worker(WorkerBase):
                     hold.release()
                 else:
                     hold.drop()
-
-    def _sleep(self, seconds: float) -> bool:
-        """Wait, looking for a stop() every quarter of a second; True if asked to stop."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self._asked_to_stop():
-                return True
-            time.sleep(min(left, STOP_LOOK))
-        return self._asked_to_stop()
-
-    def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
-        pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
-        self._reconnects += 1
-        log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
-        # Looking for a stop() every quarter of a second (the thread of run() passes it on), with
-        # no lock held while it waits.
-        deadline = time.monotonic() + pause
-        while (left := deadline - time.monotonic()) > 0:
-            if in_run:
-                self._pass_on_stop()
-            if self._asked_to_stop():
-                break
-            time.sleep(min(left, STOP_LOOK))
-        return failures + 1
 
     def _drive(self, lane: Lane, hold: Hold) -> str:
         """Run ``lane.drain`` until it returns why it stopped, on a pool connection for each of its
@@ -342,7 +344,7 @@ class Worker(WorkerBase):
 
     def _handle(self, hold: Hold, request: Handle) -> Outcome:
         """Run the handler; an exactly-once one gets the lane's connection if it holds one (a
-        group's), else one that takes a pool connection when first used."""
+        group's), else one that takes a pool connection at its first statement."""
         assert self._pool is not None and self._pool.sample is not None
         encoding = self._pool.sample.info.encoding
         if (failed := undecodable(request, encoding)) is not None:
@@ -353,7 +355,20 @@ class Worker(WorkerBase):
             conn.start_job(request.savepoint)
         elif self.settings.exactly_once:
             conn = lazy = LazyConnection(hold, request.savepoint)
-        error: BaseException | None = None
+        error = self._call_handler(request, conn)
+        used = hold.conn if lazy is None else lazy.taken
+        if used is None:  # the handler never used a connection
+            return outcome_without_connection(error, encoding)
+        return outcome(used, request, self.settings.exactly_once, error)
+
+    def _call_handler(self, request: Handle, conn: Any) -> BaseException | None:
+        """What the handler raised (None: it returned): the job's failure.
+
+        Whatever the handler raises fails its job. A BaseException (a library's sys.exit(), an
+        asyncio.CancelledError out of an asyncio.run, a KeyboardInterrupt raised by code, a
+        library's own unwinding exception) ended the lane's thread without a word, the job
+        left running until its lease, and run() returned as if the queue were done. A lane
+        thread gets no signal's KeyboardInterrupt: the main thread handles SIGINT."""
         try:
             if self.settings.exactly_once:
                 result = self.handler(request.job, conn)
@@ -362,16 +377,8 @@ class Worker(WorkerBase):
             if result is not None and inspect.isawaitable(result):
                 raise TypeError(returned_awaitable(result))
         except BaseException as exc:
-            # Whatever the handler raises fails its job. A BaseException (a library's sys.exit(),
-            # an asyncio.CancelledError out of an asyncio.run, a KeyboardInterrupt raised by code,
-            # a library's own unwinding exception) ended the lane's thread without a word, the
-            # job left running until its lease, and run() returned as if the queue were done. A
-            # lane thread gets no signal's KeyboardInterrupt: the main thread handles SIGINT.
-            error = exc
-        used = hold.conn if lazy is None else lazy.taken
-        if used is None:  # the handler never used a connection
-            return outcome_without_connection(error, encoding)
-        return outcome(used, request, self.settings.exactly_once, error)
+            return exc
+        return None
 
     def _handler_ended_transaction(self, lane: Lane, conn: psycopg.Connection, job: Job) -> None:
         """The handler ran COMMIT or ROLLBACK on the worker's transaction: this job is recorded as
@@ -386,7 +393,11 @@ class Worker(WorkerBase):
         if error is not None:
             raise error
 
-    # --- waking ---------------------------------------------------------------------------
+    # --- waiting, waking, the heartbeat and signals -----------------------------------------
+
+    def _wake_mark(self) -> int:
+        """What ``_wait_for_work`` compares with: the next ``_notify`` changes it."""
+        return self._wakeups
 
     def _notify(self) -> None:
         with self._wake:
@@ -394,8 +405,11 @@ class Worker(WorkerBase):
             self._wake.notify_all()
 
     def _wait_for_work(self, seen: int, token_in: float | None) -> None:
-        """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll interval,
-        or when a rate token that due jobs wait for comes (see aio.Worker._wait_for_work)."""
+        """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll
+        interval, or when a rate token that due jobs wait for comes (``next_rate_token``). Each
+        of 2,000 idle lanes polling once a second sent 2,000 claims a second for an empty
+        queue; a claim that finds jobs wakes the others (the feeder's ``found``), as a NOTIFY
+        does."""
         with self._wake:
             poller = not self._poller
             self._poller = True
@@ -410,6 +424,21 @@ class Worker(WorkerBase):
                 if poller:
                     self._poller = False
 
+    def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
+        pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
+        self._reconnects += 1
+        log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+        # Looking for a stop() every quarter of a second (the thread of run() passes it on),
+        # with no lock held while it waits.
+        deadline = time.monotonic() + pause
+        while (left := deadline - time.monotonic()) > 0:
+            if in_run:
+                self._pass_on_stop()
+            if self._asked_to_stop():
+                break
+            time.sleep(min(left, STOP_LOOK))
+        return failures + 1
+
     def _listen(self, listener: psycopg.Connection, lanes: list[threading.Thread]) -> psycopg.Connection:
         """Wake the lanes on every NOTIFY until they have all ended; reconnects when lost."""
         failures = 0
@@ -421,9 +450,7 @@ class Worker(WorkerBase):
                     time.sleep(0.25)  # the lanes are ending: no reconnects (the pause is 0 now)
                     continue
                 if listener.closed:
-                    listener = psycopg.connect(
-                        self.dsn, **worker_params(self.dsn, f"pglockkit worker {self.queue} listen")
-                    )
+                    listener = self._connect(f"pglockkit worker {self.queue} listen")
                     listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     failures = 0
                 for _ in listener.notifies(timeout=0.25, stop_after=1):

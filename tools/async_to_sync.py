@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Write the sync flavour of the worker from its asyncio source, or check that it is current.
+
+    python3 tools/async_to_sync.py            # rewrite every generated file
+    python3 tools/async_to_sync.py --check    # exit 1, naming the stale ones (CI, and a test)
+
+The asyncio modules are the source (``SOURCES``: ``pglockkit/worker/driver_async.py`` becomes
+``pglockkit/worker/driver.py``). The sync module is the same text with:
+
+- ``await`` dropped, and ``async`` before ``def``, ``with`` and ``for``;
+- the names of ``NAMES`` replaced (``AsyncPool`` by ``Pool``, ``arun`` by ``run``...), in code,
+  and as whole words in comments and docstrings;
+- each ``if True:  # ASYNC`` block replaced by its ``else:`` block (or by nothing): what only one
+  flavour does, written side by side where it differs;
+- imports no longer used dropped, and the result formatted, by ruff (the project's linter).
+
+It works on tokens and lines, not on a syntax tree, so comments and layout are kept; psycopg
+generates its sync modules from its async ones the same way (``tools/async_to_sync.py`` there
+works on the tree). Each generated file says at its top where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SOURCES = {
+    "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
+}
+
+NAMES = {
+    "AsyncFeeder": "Feeder",
+    "AsyncHold": "Hold",
+    "AsyncLaneConnection": "LaneConnection",
+    "AsyncLazyConnection": "LazyConnection",
+    "AsyncPool": "Pool",
+    "AsyncConnection": "Connection",
+    "AsyncCursor": "Cursor",
+    "arun": "run",
+    "arun_pipeline": "run_pipeline",
+}
+
+KEYWORDS = ("def", "with", "for")
+MARK = re.compile(r"^(?P<indent>[ ]*)if True:[ ]*# ASYNC[ ]*$")
+HEADER = (
+    "# Generated from {source} by tools/async_to_sync.py: do not edit.\n"
+    "# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file\n"
+    "# differs from what the tool writes).\n"
+)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _block_end(lines: list[str], start: int, indent: int) -> int:
+    """The index after the block whose header is ``lines[start]``: the lines indented deeper
+    (blank lines inside it included, trailing blank lines not)."""
+    end = i = start + 1
+    while i < len(lines):
+        if lines[i].strip():
+            if _indent(lines[i]) <= indent:
+                break
+            end = i + 1
+        i += 1
+    return end
+
+
+def drop_async_blocks(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        m = MARK.match(lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = len(m["indent"])
+        i = _block_end(lines, i, indent)
+        j = i
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        if j < len(lines) and _indent(lines[j]) == indent and lines[j].strip() == "else:":
+            end = _block_end(lines, j, indent)
+            for line in lines[j + 1 : end]:
+                out.append(line[4:] if line.startswith(" " * (indent + 4)) else line.lstrip(" "))
+            i = end
+    return out
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b", lambda m: NAMES[m[1]], text)
+
+
+def unasync(text: str) -> str:
+    lines = drop_async_blocks(text.splitlines(keepends=True))
+    text = "".join(lines)
+    edits: list[tuple[int, int, int, int, str]] = []  # (row, col, end row, end col, new text)
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    for n, tok in enumerate(tokens):
+        (row, col), (erow, ecol) = tok.start, tok.end
+        keyword = tok.string == "await" or (tok.string == "async" and tokens[n + 1].string in KEYWORDS)
+        if tok.type == tokenize.NAME and keyword:  # dropped, with the space after it
+            nxt = tokens[n + 1].start
+            edits.append((row, col, nxt[0], nxt[1], ""))
+        elif tok.type == tokenize.NAME and tok.string in NAMES:
+            edits.append((row, col, erow, ecol, NAMES[tok.string]))
+        elif tok.type in (tokenize.STRING, tokenize.COMMENT):
+            new = _words(tok.string)
+            if new != tok.string:
+                edits.append((row, col, erow, ecol, new))
+    lines = text.splitlines(keepends=True)
+    for row, col, erow, ecol, new in reversed(edits):
+        if row == erow:
+            line = lines[row - 1]
+            lines[row - 1] = line[:col] + new + line[ecol:]
+        else:  # a token spanning lines (a docstring): rows row..erow become one piece
+            head, tail = lines[row - 1][:col], lines[erow - 1][ecol:]
+            lines[row - 1 : erow] = [head + new + tail]
+    return "".join(lines)
+
+
+def _ruff(args: list[str], text: str, target: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--stdin-filename", target, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    if done.returncode not in (0, 1) or not done.stdout:
+        raise SystemExit(f"ruff {' '.join(args)} failed on {target}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def generate(source: str, target: str) -> str:
+    text = unasync((ROOT / source).read_text())
+    text = _ruff(["check", "--fix", "--select", "F401,I001", "--quiet", "--exit-zero"], text, target)
+    text = _ruff(["format", "--quiet"], text, target)
+    return HEADER.format(source=source) + text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for source, target in SOURCES.items():
+        text = generate(source, target)
+        path = ROOT / target
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(target)
+        if not args.check:
+            path.write_text(text)
+    if args.check and stale:
+        print(f"stale (run python3 tools/async_to_sync.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    for target in stale:
+        print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
