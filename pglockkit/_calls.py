@@ -27,9 +27,25 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pglockkit import _nscache
-from pglockkit.connection import SERVER_KEEPALIVES
 from pglockkit.errors import InvalidArgument, LockTimeout, PayloadNotDecodable, PoolerDetected, translated
 from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
+
+# The server side of the client's TCP keepalives (pglockkit.connection.KEEPALIVES): the server
+# ends the session of a client host that stopped answering, and frees its session locks, after
+# about idle + interval * count seconds of silence.
+# Servers default to the OS's keepalive timing (two hours on Linux). Any role may set these for its
+# own session; pglockkit does so on the connections that hold session locks (sole_writer, run_once,
+# `pglockkit once`, leases bound to their session), with tcp_user_timeout set to the same window:
+# keepalive probes are only sent while no data is in flight, so a host that vanished before
+# acknowledging the server's last reply would otherwise hold its locks for the retransmission
+# timeout (about 15 minutes on Linux).
+# They have no effect on Unix-socket connections.
+SERVER_KEEPALIVES: dict[str, int] = {
+    "tcp_keepalives_idle": 10,
+    "tcp_keepalives_interval": 5,
+    "tcp_keepalives_count": 3,
+}
+
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]

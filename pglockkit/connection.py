@@ -9,6 +9,9 @@ from typing import Any
 
 import psycopg
 
+from pglockkit import _calls
+from pglockkit._calls import SERVER_KEEPALIVES as SERVER_KEEPALIVES
+
 # A host that vanishes without closing its socket leaves its session, and every session lock it
 # holds, alive on the server until TCP notices. These settings make the client side notice within
 # about idle + interval * count = 10 + 5 * 3 = 25 s; the server side is governed by the server's
@@ -20,20 +23,8 @@ KEEPALIVES: dict[str, Any] = {
     "keepalives_count": 3,
 }
 
-# The server side of the same problem: the server ends the session of a client host that stopped
-# answering, and frees its session locks, after about idle + interval * count seconds of silence.
-# Servers default to the OS's keepalive timing (two hours on Linux). Any role may set these for its
-# own session; pglockkit does so on the connections that hold session locks (sole_writer, run_once,
-# `pglockkit once`, leases bound to their session), with tcp_user_timeout set to the same window:
-# keepalive probes are only sent while no data is in flight, so a host that vanished before
-# acknowledging the server's last reply would otherwise hold its locks for the retransmission
-# timeout (about 15 minutes on Linux).
-# They have no effect on Unix-socket connections.
-SERVER_KEEPALIVES: dict[str, int] = {
-    "tcp_keepalives_idle": 10,
-    "tcp_keepalives_interval": 5,
-    "tcp_keepalives_count": 3,
-}
+# The server side (SERVER_KEEPALIVES, set by set_server_keepalives) is defined with the SQL
+# that sets it, in pglockkit._calls.
 
 DSN_ENV = "PGLOCKKIT_DSN"
 
@@ -82,8 +73,6 @@ def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | Non
     sessions does not end this one (and free its locks) while it waits, idle, for the work its
     locks protect. Session, not transaction, settings: use it on direct connections that hold
     session locks, never through a pooler (they would stay on a server session that others use)."""
-    from pglockkit import _calls  # _calls reads SERVER_KEEPALIVES from here
-
     _calls.run(conn, _calls.server_keepalives(window))
 
 
