@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = {
+    "pglockkit/worker/pool_async.py": "pglockkit/worker/pool.py",
     "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
 }
 
@@ -45,6 +46,7 @@ NAMES = {
     "AsyncCursor": "Cursor",
     "arun": "run",
     "arun_pipeline": "run_pipeline",
+    "pool_async": "pool",
 }
 
 KEYWORDS = ("def", "with", "for")

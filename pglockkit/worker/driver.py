@@ -49,6 +49,7 @@ from pglockkit.worker.lane import (
     Handle,
     HandlerEndedTransaction,
     Lane,
+    NoConnection,
     Outcome,
     Record,
     Ticker,
@@ -58,17 +59,11 @@ from pglockkit.worker.lane import (
     is_async,
     outcome,
     outcome_without_connection,
+    outlived,
     undecodable,
     worker_params,
 )
-from pglockkit.worker.pool import (
-    Feeder,
-    Hold,
-    LazyConnection,
-    NoConnection,
-    Pool,
-    outlived,
-)
+from pglockkit.worker.pool import Feeder, Hold, LazyConnection, Pool
 
 log = logging.getLogger("pglockkit.queue")
 

@@ -47,6 +47,7 @@ from pglockkit.worker.lane import (
     Handle,
     HandlerEndedTransaction,
     Lane,
+    NoConnection,
     Outcome,
     Record,
     Ticker,
@@ -56,17 +57,11 @@ from pglockkit.worker.lane import (
     is_async,
     outcome,
     outcome_without_connection,
+    outlived,
     undecodable,
     worker_params,
 )
-from pglockkit.worker.pool import (
-    AsyncFeeder,
-    AsyncHold,
-    AsyncLazyConnection,
-    AsyncPool,
-    NoConnection,
-    outlived,
-)
+from pglockkit.worker.pool_async import AsyncFeeder, AsyncHold, AsyncLazyConnection, AsyncPool
 
 log = logging.getLogger("pglockkit.queue")
 

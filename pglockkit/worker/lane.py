@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
@@ -670,6 +671,65 @@ def stale_completions(asked: int, current: int) -> None:
         log.warning(
             "%d of %d completions found their claim stale (reclaimed or cancelled)", asked - current, asked
         )
+
+
+# --- what the pools and the feeders decide (pool.py) ---------------------------------------
+
+RECHECK = 0.25  # seconds: how often a caller waiting for a connection looks at the gate and the stop
+MOST_PER_CLAIM = 1000  # claim_job's batch, at most: a feeder's larger claims go as several
+
+
+def statement_failed(exc: BaseException) -> None:
+    """Mark an ``OperationalError`` raised on a connection that outlived it (a statement cancelled
+    by a timeout: ``_calls.outlived``), for a lane that did not hold that connection."""
+    exc.pglockkit_outlived = True  # type: ignore[attr-defined]
+
+
+def outlived(exc: BaseException, conn: Any) -> bool:
+    """Whether the connection that raised ``exc`` is still usable: the lane's own, or the one a
+    feeder sent its claim on."""
+    if conn is not None:
+        return _calls.outlived(conn)
+    return getattr(exc, "pglockkit_outlived", False)
+
+
+def claim_calls(s: Settings, total: int, token: bool) -> list[Call[Any]]:
+    calls: list[Call[Any]] = [
+        _calls.claim(s.queue, s.name, s.lease, min(MOST_PER_CLAIM, total - i), tolerant=True)
+        for i in range(0, total, MOST_PER_CLAIM)
+    ]
+    return [*calls, _calls.next_rate_token(s.queue)] if token else calls
+
+
+def record_calls(
+    records: list[tuple[list[Job], list[tuple[Job, str]]]],
+) -> tuple[list[Call[Any]], list[int], int]:
+    """One transaction that records the outcomes of several lanes (in key order: ``outcome_calls``),
+    the positions of its ``complete_jobs`` calls and how many jobs they complete."""
+    done = [job for d, _ in records for job in d]
+    failed = [f for _, fs in records for f in fs]
+    calls, completions = outcome_calls(done, failed)
+    statement = _calls.statement
+    return [statement("BEGIN"), *calls, statement("COMMIT")], [i + 1 for i in completions], len(done)
+
+
+def deal(results: list[Any], n_claims: int, sizes: list[int]) -> tuple[list[list[Job]], list[Job]]:
+    """The claimed jobs dealt out, in the order the lanes asked: each gets up to its size; and the
+    jobs left over (asked for by lanes that gave up waiting)."""
+    jobs = [job for claimed in results[:n_claims] for job in claimed]
+    dealt = []
+    for n in sizes:
+        dealt.append(jobs[:n])
+        jobs = jobs[n:]
+    return dealt, jobs
+
+
+def reusable(conn: psycopg.BaseConnection[Any]) -> bool:
+    return not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+class NoConnection(Exception):
+    """The worker stops, and the pool could open no connection for a lane (the server refuses)."""
 
 
 class Lane:
