@@ -6,13 +6,16 @@ The route a job takes, from ``pglockkit work`` (``pglockkit.cli``) to its commit
   to claim, when a group commits, what a job's outcome is, in which order outcomes are written)
   and asks its driver for round trips: ``Lane.drain`` yields requests (``Pipeline``,
   ``Handle``, ``Claim``, ``Record``) and gets their replies;
-- ``pool.py``: the connections a process's jobs share (a job holds one only while it uses one),
-  the connection an exactly-once handler gets before it has one, and the feeder that batches
-  the lanes' claims and outcomes;
+- ``pool_async.py``: the connections a process's jobs share (a job holds one only while it uses
+  one), the connection an exactly-once handler gets before it has one, and the feeder that
+  batches the lanes' claims and outcomes; ``pool.py``, the threads' pool, is generated from it;
 - ``connection.py``: the lane connection, which refuses a handler's ``COMMIT``/``ROLLBACK`` of
   the worker's transaction;
 - ``driver_async.py``: ``pglockkit.aio.Worker``, the lanes as asyncio tasks; and ``driver.py``,
-  ``pglockkit.Worker``, the lanes as threads, generated from it by ``tools/async_to_sync.py``.
+  ``pglockkit.Worker``, the lanes as threads, generated from it.
+
+The generated modules are written by ``tools/async_to_sync.py`` (CONTRIBUTING.md, "The two
+worker drivers").
 """
 
 from pglockkit.worker.driver import Worker
