@@ -28,10 +28,22 @@ from typing import Any, TypeVar
 import psycopg
 
 from pglockkit import _calls
-from pglockkit._calls import Job, Timeout
-from pglockkit.connection import connect_params, sever
+from pglockkit._calls import Job
+from pglockkit.connection import aconnect as connect
+from pglockkit.connection import aset_server_keepalives as set_server_keepalives
+from pglockkit.connection import sever
 from pglockkit.errors import LockTimeout, RetryableError
 from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
+from pglockkit.locks_async import (
+    lock_rows,
+    namespaces,
+    register_namespace,
+    resource_key,
+    sole_writer,
+    try_xact_lock,
+    xact_lock,
+    xact_lock_all,
+)
 from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
 from pglockkit.worker.driver_async import Worker
@@ -89,45 +101,7 @@ __all__ = [
 ]
 
 
-# --- connections ----------------------------------------------------------------------------
-
-
-async def connect(
-    dsn: str = "", *, autocommit: bool = False, application_name: str | None = None, **kwargs: Any
-) -> psycopg.AsyncConnection:
-    """``pglockkit.connect`` for async code: TCP keepalives on, client-side prepared statements off."""
-    return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=autocommit, **connect_params(application_name, kwargs)
-    )
-
-
-async def set_server_keepalives(conn: psycopg.AsyncConnection, window: dict[str, int] | None = None) -> None:
-    """``pglockkit.connection.set_server_keepalives`` on an async connection."""
-    await _calls.arun(conn, _calls.server_keepalives(window))
-
-
-# --- locks ----------------------------------------------------------------------------------
-
-
-async def register_namespace(
-    conn: psycopg.AsyncConnection,
-    name: str,
-    id: int | None = None,
-    description: str | None = None,
-    lock_timeout: Timeout = None,
-) -> int:
-    """Register (idempotently) a lock namespace; returns its id."""
-    return await _calls.arun(conn, _calls.register_namespace(name, id, description, lock_timeout))
-
-
-async def namespaces(conn: psycopg.AsyncConnection) -> list[dict]:
-    """The namespace registry, ordered by id."""
-    return await _calls.arun(conn, _calls.namespaces())
-
-
-async def resource_key(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> int:
-    """``pglockkit.locks.resource_key``: the key the server computes with ``pglockkit.lock_key``."""
-    return await _calls.arun(conn, _calls.resource_key(ns, resource))
+# --- listings -------------------------------------------------------------------------------
 
 
 async def leases(conn: psycopg.AsyncConnection) -> list[dict]:
@@ -145,85 +119,6 @@ async def jobs(
 async def runs(conn: psycopg.AsyncConnection, job: str | None = None, limit: int = 50) -> list[dict]:
     """``pglockkit.runs.runs``: singleton runs from ``pglockkit.run_history``, newest first."""
     return await _calls.arun(conn, _calls.runs(job, limit))
-
-
-async def try_xact_lock(conn: psycopg.AsyncConnection, ns: str, resource: str | int) -> bool:
-    """Take a transaction-level lock if free; False at once otherwise."""
-    key = _calls.local_key(conn, "try_xact_lock", ns, resource)
-    if key is None:
-        return await _calls.arun(conn, _calls.try_xact_lock(conn, ns, resource))
-    got = await _calls.atry_key(conn, key)
-    _calls.lock_event("acquired" if got else "skipped", ns, resource, key, scope="xact")
-    return got
-
-
-async def xact_lock(
-    conn: psycopg.AsyncConnection, ns: str, resource: str | int, timeout: Timeout = None
-) -> int:
-    """Take a transaction-level lock, waiting at most ``timeout``; ``LockTimeout`` (55P03) after.
-
-    >>> async with conn.transaction():  # doctest: +SKIP
-    ...     await xact_lock(conn, "billing", "invoice:42", timeout=2)
-    """
-    key = _calls.local_key(conn, "xact_lock", ns, resource, timeout)
-    if key is not None and await _calls.atry_key(conn, key):
-        _calls.lock_event("acquired", ns, resource, key, scope="xact", wait_ms=0.0)
-        return key
-    return await _calls.arun(conn, _calls.xact_lock(conn, ns, resource, timeout, held=key))
-
-
-async def xact_lock_all(
-    conn: psycopg.AsyncConnection, ns: str, resources: Sequence[str] | Sequence[int], timeout: Timeout = None
-) -> list[int]:
-    """Lock many resources for the transaction in ascending key order, within one ``timeout``."""
-    resources = list(resources)  # any iterable, read once
-    keys = _calls.local_keys(conn, ns, resources, timeout)
-    if keys is not None and await _calls.atry_keys(conn, keys):
-        _calls.all_acquired(ns, keys, 0.0)
-        return keys
-    return await _calls.arun(conn, _calls.xact_lock_all(conn, ns, resources, timeout))
-
-
-async def lock_rows(
-    conn: psycopg.AsyncConnection, table: str, ids: Sequence[int], timeout: Timeout = None
-) -> int:
-    """Lock rows ``FOR UPDATE`` by id in ascending order; returns how many exist."""
-    return await _calls.arun(conn, _calls.lock_rows(conn, table, ids, timeout))
-
-
-@asynccontextmanager
-async def sole_writer(
-    dsn: str,
-    ns: str,
-    resource: str | int,
-    *,
-    application_name: str | None = None,
-    keepalives: dict[str, int] | None = None,
-) -> AsyncIterator[bool]:
-    """``pglockkit.sole_writer`` for async code: True if this caller won the session lock, False
-    at once if another holds it. Same dedicated connection, server keepalives and pooler refusal.
-
-    >>> async with sole_writer(dsn, "graphs", "restock_plan") as mine:  # doctest: +SKIP
-    ...     if mine:
-    ...         await graph.ainvoke(state)
-    """
-    conn = await connect(
-        dsn, autocommit=True, application_name=application_name or f"pglockkit sole_writer {ns}"
-    )
-    try:
-        await _calls.arun(conn, _calls.refuse_pooler(conn))
-        await set_server_keepalives(conn, keepalives)
-        key, got = await _calls.arun(conn, _calls.try_session_lock(conn, ns, resource))
-        if not got:
-            await _calls.arun(conn, _calls.lock_holders(ns, resource, key))
-        acquired_at = time.monotonic()
-        try:
-            yield got
-        finally:
-            if got:
-                await _calls.arun(conn, _calls.session_unlock(ns, resource, key, acquired_at))
-    finally:
-        await conn.close()
 
 
 # --- leases ---------------------------------------------------------------------------------

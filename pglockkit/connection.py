@@ -56,6 +56,16 @@ def connect(
     return psycopg.connect(dsn, autocommit=autocommit, **connect_params(application_name, kwargs))
 
 
+async def aconnect(
+    dsn: str = "", *, autocommit: bool = False, application_name: str | None = None, **kwargs: Any
+) -> psycopg.AsyncConnection:
+    """``pglockkit.aio.connect``: ``connect`` for async code, TCP keepalives on, client-side
+    prepared statements off."""
+    return await psycopg.AsyncConnection.connect(
+        dsn, autocommit=autocommit, **connect_params(application_name, kwargs)
+    )
+
+
 def connect_params(application_name: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``connect``'s keyword arguments for psycopg (shared with ``pglockkit.aio.connect``)."""
     params: dict[str, Any] = {**KEEPALIVES, "prepare_threshold": None}
@@ -74,6 +84,11 @@ def set_server_keepalives(conn: psycopg.Connection, window: dict[str, int] | Non
     locks protect. Session, not transaction, settings: use it on direct connections that hold
     session locks, never through a pooler (they would stay on a server session that others use)."""
     _calls.run(conn, _calls.server_keepalives(window))
+
+
+async def aset_server_keepalives(conn: psycopg.AsyncConnection, window: dict[str, int] | None = None) -> None:
+    """``pglockkit.aio.set_server_keepalives``: ``set_server_keepalives`` on an async connection."""
+    await _calls.arun(conn, _calls.server_keepalives(window))
 
 
 def sever(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:

@@ -1,12 +1,18 @@
+# Generated from pglockkit/locks_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
 """Advisory-lock helpers: thin wrappers over the SQL functions, with structured logging.
 
-Every function here runs a call description of ``pglockkit._calls`` (shared with
-``pglockkit.aio``). ``try_xact_lock`` and ``xact_lock`` compute the key locally from the namespace
-id cached per process (``pglockkit._nscache``) and try it with one ``pg_try_advisory_xact_lock``;
-``xact_lock`` then calls the SQL function's wait only if the key is held; ``xact_lock_all`` tries
-its keys the same way, in ascending order, and calls the SQL function if one is held. A namespace
-not cached and bad input go to the SQL functions. Waits, timeouts and errors are decided in SQL,
-as for every function here.
+Every function here runs a call description of ``pglockkit._calls``. ``try_xact_lock`` and
+``xact_lock`` compute the key locally from the namespace id cached per process
+(``pglockkit._nscache``) and try it with one ``pg_try_advisory_xact_lock``; ``xact_lock`` then
+calls the SQL function's wait only if the key is held; ``xact_lock_all`` tries its keys the same
+way, in ascending order, and calls the SQL function if one is held. A namespace not cached and bad
+input go to the SQL functions. Waits, timeouts and errors are decided in SQL, as for every
+function here.
+
+One source: the lock functions of ``pglockkit.aio`` are this module as written (awaited, on an
+async connection), and ``tools/async_to_sync.py`` writes ``pglockkit.locks`` from it.
 """
 
 from __future__ import annotations

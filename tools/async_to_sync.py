@@ -5,11 +5,13 @@
     python3 tools/async_to_sync.py --check    # exit 1, naming the stale ones (CI, and a test)
 
 The asyncio modules are the source (``SOURCES``: ``pglockkit/worker/driver_async.py`` becomes
-``pglockkit/worker/driver.py``). The sync module is the same text with:
+``pglockkit/worker/driver.py``, ``pglockkit/locks_async.py`` becomes ``pglockkit/locks.py``...).
+The sync module is the same text with:
 
 - ``await`` dropped, and ``async`` before ``def``, ``with`` and ``for``;
 - the names of ``NAMES`` replaced (``AsyncPool`` by ``Pool``, ``arun`` by ``run``...), in code,
-  and as whole words in comments and docstrings;
+  and as whole words in comments and docstrings; in a docstring's examples (``>>>`` and ``...``
+  lines), ``await`` and ``async`` dropped too;
 - each ``if True:  # ASYNC`` block replaced by its ``else:`` block (or by nothing): what only one
   flavour does, written side by side where it differs;
 - imports no longer used dropped, and the result formatted, by ruff (the project's linter).
@@ -32,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = {
+    "pglockkit/locks_async.py": "pglockkit/locks.py",
     "pglockkit/worker/pool_async.py": "pglockkit/worker/pool.py",
     "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
 }
@@ -44,8 +47,15 @@ NAMES = {
     "AsyncPool": "Pool",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
+    "AsyncIterator": "Iterator",
+    "aconnect": "connect",
+    "ainvoke": "invoke",
     "arun": "run",
     "arun_pipeline": "run_pipeline",
+    "aset_server_keepalives": "set_server_keepalives",
+    "asynccontextmanager": "contextmanager",
+    "atry_key": "try_key",
+    "atry_keys": "try_keys",
     "pool_async": "pool",
 }
 
@@ -97,8 +107,15 @@ def drop_async_blocks(lines: list[str]) -> list[str]:
     return out
 
 
+EXAMPLE = re.compile(r"^(\s*(?:>>>|\.\.\.) )(.*)$", re.MULTILINE)
+EXAMPLE_KEYWORDS = re.compile(r"\bawait |\basync (?=(?:def|with|for)\b)")
+
+
 def _words(text: str) -> str:
-    return re.sub(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b", lambda m: NAMES[m[1]], text)
+    """A string's or a comment's text: the names of ``NAMES`` replaced as whole words, and the
+    lines of a doctest example (``>>>``, ``...``) without ``await`` and ``async``."""
+    text = re.sub(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b", lambda m: NAMES[m[1]], text)
+    return EXAMPLE.sub(lambda m: m[1] + EXAMPLE_KEYWORDS.sub("", m[2]), text)
 
 
 def unasync(text: str) -> str:

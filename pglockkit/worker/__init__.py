@@ -14,8 +14,8 @@ The route a job takes, from ``pglockkit work`` (``pglockkit.cli``) to its commit
 - ``driver_async.py``: ``pglockkit.aio.Worker``, the lanes as asyncio tasks; and ``driver.py``,
   ``pglockkit.Worker``, the lanes as threads, generated from it.
 
-The generated modules are written by ``tools/async_to_sync.py`` (CONTRIBUTING.md, "The two
-worker drivers").
+The generated modules are written by ``tools/async_to_sync.py`` (CONTRIBUTING.md, "Sync
+modules generated from async ones").
 """
 
 from pglockkit.worker.driver import Worker

@@ -18,6 +18,7 @@ import pytest
 
 import pglockkit
 import pglockkit.aio as aio
+import pglockkit.locks_async
 from pglockkit import lock_key, namespace_id
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -167,7 +168,8 @@ def test_sole_writer_one_task_wins_one_skips_and_a_failure_releases(
         lock_conns[asyncio.current_task()] = conn
         await real_keepalives(conn, window)
 
-    monkeypatch.setattr(aio, "set_server_keepalives", spy)
+    # sole_writer is pglockkit.locks_async's (aio re-exports it): the name it calls is there.
+    monkeypatch.setattr(pglockkit.locks_async, "aset_server_keepalives", spy)
 
     async def replica(name, gate, log):
         await gate.wait()
