@@ -20,7 +20,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -43,6 +43,24 @@ from pglockkit.locks_async import (
     try_xact_lock,
     xact_lock,
     xact_lock_all,
+)
+from pglockkit.queue_async import (
+    cancel,
+    claim,
+    complete,
+    complete_many,
+    enqueue,
+    enqueue_many,
+    extend,
+    extend_many,
+    fail,
+    jobs,
+    pause,
+    rate_limits,
+    release,
+    remove_rate_limit,
+    resume,
+    set_rate_limit,
 )
 from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
 from pglockkit.runs import today_utc
@@ -107,13 +125,6 @@ __all__ = [
 async def leases(conn: psycopg.AsyncConnection) -> list[dict]:
     """``pglockkit.leases.leases``: every lease as ``pglockkit.lease_status`` shows it."""
     return await _calls.arun(conn, _calls.leases())
-
-
-async def jobs(
-    conn: psycopg.AsyncConnection, queue: str, status: str | None = None, limit: int = 50
-) -> list[dict]:
-    """``pglockkit.queue.jobs``: a queue's jobs for display, newest first."""
-    return await _calls.arun(conn, _calls.jobs(queue, status, limit))
 
 
 async def runs(conn: psycopg.AsyncConnection, job: str | None = None, limit: int = 50) -> list[dict]:
@@ -275,127 +286,6 @@ class Lease(_LeaseState):
 
 
 # --- queue ----------------------------------------------------------------------------------
-
-
-async def enqueue(
-    conn: psycopg.AsyncConnection,
-    queue: str,
-    payload: Any = None,
-    *,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    priority: int = 0,
-    dedup_key: str | None = None,
-    max_attempts: int = 5,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
-    rate_key: str | None = None,
-) -> int:
-    """Add a job; returns its id (the existing job's id when ``dedup_key`` matches a pending one)."""
-    call = _calls.enqueue(
-        queue,
-        payload,
-        run_at=run_at,
-        delay=delay,
-        priority=priority,
-        dedup_key=dedup_key,
-        max_attempts=max_attempts,
-        concurrency_key=concurrency_key,
-        concurrency_limit=concurrency_limit,
-        rate_key=rate_key,
-    )
-    return await _calls.arun(conn, call)
-
-
-async def enqueue_many(
-    conn: psycopg.AsyncConnection,
-    queue: str,
-    payloads: Sequence[Any],
-    *,
-    priority: int = 0,
-    max_attempts: int = 5,
-    rate_key: str | None = None,
-) -> list[int]:
-    """Add one job per payload in one statement; returns the ids in payload order."""
-    return await _calls.arun(conn, _calls.enqueue_many(queue, payloads, priority, max_attempts, rate_key))
-
-
-async def claim(
-    conn: psycopg.AsyncConnection, queue: str, worker: str, *, lease: float | timedelta = 300, batch: int = 1
-) -> list[Job]:
-    """Claim up to ``batch`` jobs; never waits on other claimers. A payload the JSON loader cannot
-    decode raises ``PayloadNotDecodable`` after the claim, its ``jobs`` the batch claimed."""
-    return await _calls.arun(conn, _calls.claim(queue, worker, lease, batch))
-
-
-async def complete(conn: psycopg.AsyncConnection, job: Job) -> bool:
-    """Mark done; False if this claim is stale (the job was reclaimed or cancelled)."""
-    return await _calls.arun(conn, _calls.complete(job))
-
-
-async def complete_many(conn: psycopg.AsyncConnection, jobs: Sequence[Job]) -> int:
-    """Complete a batch in one statement; returns how many claims were current."""
-    return await _calls.arun(conn, _calls.complete_many(jobs))
-
-
-async def fail(
-    conn: psycopg.AsyncConnection, job: Job, error: str, retry_in: float | timedelta | None = None
-) -> str:
-    """Record a failed attempt; returns 'queued' (will retry), 'dead' or 'stale'."""
-    return await _calls.arun(conn, _calls.fail(job, error, retry_in))
-
-
-async def extend(conn: psycopg.AsyncConnection, job: Job, lease: float | timedelta) -> bool:
-    """Heartbeat; False if the claim is stale."""
-    return await _calls.arun(conn, _calls.extend(job, lease))
-
-
-async def extend_many(conn: psycopg.AsyncConnection, jobs: Sequence[Job], lease: float | timedelta) -> int:
-    """Heartbeat for many jobs in one statement; returns how many claims were current and extended."""
-    return await _calls.arun(conn, _calls.extend_many(jobs, lease))
-
-
-async def release(conn: psycopg.AsyncConnection, job: Job) -> bool:
-    """Give a claimed job back unstarted (its attempt does not count)."""
-    return await _calls.arun(conn, _calls.release(job))
-
-
-async def cancel(conn: psycopg.AsyncConnection, job_id: int) -> bool:
-    """Cancel a queued or running job; False if it had already finished."""
-    return await _calls.arun(conn, _calls.cancel(job_id))
-
-
-async def set_rate_limit(
-    conn: psycopg.AsyncConnection,
-    queue: str,
-    key: str,
-    rate: int,
-    per: float | timedelta = 1,
-    *,
-    burst: int = 1,
-) -> None:
-    """``pglockkit.queue.set_rate_limit``: at most ``rate`` claims of the key per ``per``."""
-    await _calls.arun(conn, _calls.set_rate_limit(queue, key, rate, per, burst))
-
-
-async def remove_rate_limit(conn: psycopg.AsyncConnection, queue: str, key: str) -> bool:
-    """Lift a key's rate limit; False if it had none."""
-    return await _calls.arun(conn, _calls.remove_rate_limit(queue, key))
-
-
-async def rate_limits(conn: psycopg.AsyncConnection, queue: str | None = None) -> list[dict]:
-    """``pglockkit.queue.rate_limits``: the rate-limited keys as ``pglockkit.rate_limits`` shows them."""
-    return await _calls.arun(conn, _calls.rate_limits(queue))
-
-
-async def pause(conn: psycopg.AsyncConnection, queue: str) -> bool:
-    """Pause a queue (no claims after this commits); False if it was paused already."""
-    return await _calls.arun(conn, _calls.pause_queue(queue))
-
-
-async def resume(conn: psycopg.AsyncConnection, queue: str) -> bool:
-    """Resume a paused queue; False if it was not paused."""
-    return await _calls.arun(conn, _calls.resume_queue(queue))
 
 
 # --- runs -----------------------------------------------------------------------------------

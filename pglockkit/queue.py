@@ -1,5 +1,11 @@
+# Generated from pglockkit/queue_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
 """The job queue from Python: one function per SQL call. The worker loop is ``pglockkit.worker``
-(``Worker``, re-exported here and from ``pglockkit``)."""
+(``Worker``, re-exported here and from ``pglockkit``).
+
+One source: the queue functions of ``pglockkit.aio`` are this module as written (awaited, on an
+async connection), and ``tools/async_to_sync.py`` writes ``pglockkit.queue`` from it."""
 
 from __future__ import annotations
 
@@ -138,7 +144,13 @@ def cancel(conn: psycopg.Connection, job_id: int) -> bool:
 
 
 def set_rate_limit(
-    conn: psycopg.Connection, queue: str, key: str, rate: int, per: float | timedelta = 1, *, burst: int = 1
+    conn: psycopg.Connection,
+    queue: str,
+    key: str,
+    rate: int,
+    per: float | timedelta = 1,
+    *,
+    burst: int = 1,
 ) -> None:
     """Let claims start at most ``rate`` jobs of ``queue`` with rate key ``key`` per ``per``
     (seconds or a timedelta), in bursts of up to ``burst``; jobs over the rate are passed over,
