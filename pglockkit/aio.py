@@ -17,11 +17,10 @@ records are the same by construction.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from pglockkit.connection import aconnect as connect
 from pglockkit.connection import aset_server_keepalives as set_server_keepalives
 from pglockkit.connection import sever
 from pglockkit.errors import LockTimeout, RetryableError
-from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState, default_holder
+from pglockkit.leases import CALL_ERRORS, SEVERED_WAIT, _LeaseState
 from pglockkit.locks_async import (
     lock_rows,
     namespaces,
@@ -63,7 +62,7 @@ from pglockkit.queue_async import (
     set_rate_limit,
 )
 from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
-from pglockkit.runs import today_utc
+from pglockkit.runs_async import finish_run, prune_runs, run_once, runs, singleton, start_run
 from pglockkit.worker.driver_async import Worker
 
 T = TypeVar("T")
@@ -125,11 +124,6 @@ __all__ = [
 async def leases(conn: psycopg.AsyncConnection) -> list[dict]:
     """``pglockkit.leases.leases``: every lease as ``pglockkit.lease_status`` shows it."""
     return await _calls.arun(conn, _calls.leases())
-
-
-async def runs(conn: psycopg.AsyncConnection, job: str | None = None, limit: int = 50) -> list[dict]:
-    """``pglockkit.runs.runs``: singleton runs from ``pglockkit.run_history``, newest first."""
-    return await _calls.arun(conn, _calls.runs(job, limit))
 
 
 # --- leases ---------------------------------------------------------------------------------
@@ -288,9 +282,6 @@ class Lease(_LeaseState):
 # --- queue ----------------------------------------------------------------------------------
 
 
-# --- runs -----------------------------------------------------------------------------------
-
-
 # --- schedules ------------------------------------------------------------------------------
 
 
@@ -332,76 +323,6 @@ async def cron_next(
 ) -> datetime:
     """``pglockkit.scheduling.cron_next``, async."""
     return await _calls.arun(conn, _calls.cron_next(cron, after, timezone))
-
-
-async def start_run(conn: psycopg.AsyncConnection, job: str, slot: str, holder: str) -> int | None:
-    """The run id if this caller won ``job``/``slot``, else None."""
-    return await _calls.arun(conn, _calls.start_run(job, slot, holder))
-
-
-async def finish_run(conn: psycopg.AsyncConnection, run_id: int, ok: bool, detail: str | None = None) -> bool:
-    """Record the outcome; False if the run had already finished."""
-    return await _calls.arun(conn, _calls.finish_run(run_id, ok, detail))
-
-
-async def prune_runs(conn: psycopg.AsyncConnection, older_than: float | timedelta) -> int:
-    """Delete runs that finished more than ``older_than`` ago (pglockkit_admin); how many."""
-    return await _calls.arun(conn, _calls.prune_runs(older_than))
-
-
-@asynccontextmanager
-async def run_once(
-    dsn: str, job: str, slot: str | None = None, holder: str | None = None
-) -> AsyncIterator[int | None]:
-    """``pglockkit.run_once`` for async code: the run id if this process won the slot, else None;
-    an exception records the run as failed."""
-    slot = today_utc() if slot is None else slot
-    async with await connect(dsn, autocommit=True, application_name=f"pglockkit run {job}") as conn:
-        await _calls.arun(conn, _calls.refuse_pooler(conn, *_calls.RUN_ONCE_POOLER))
-        await set_server_keepalives(conn)  # as run_once: no idle_session_timeout, a vanished host's window
-        run_id = await start_run(conn, job, slot, default_holder() if holder is None else holder)
-        if run_id is None:
-            _calls.run_event("skipped", job, slot, None)
-            yield None
-            return
-        _calls.run_event("started", job, slot, run_id)
-        try:
-            yield run_id
-        except BaseException as exc:
-            try:
-                recorded = await finish_run(
-                    conn, run_id, False, _calls.run_failure_detail(exc, conn.info.encoding)
-                )
-            except psycopg.OperationalError as lost:  # the caller gets the body's exception
-                _calls.run_event("unrecorded", job, slot, run_id, lost)
-            else:
-                _calls.run_event("failed" if recorded else "unrecorded", job, slot, run_id)
-            raise
-        try:
-            recorded = await finish_run(conn, run_id, True)
-        except psycopg.OperationalError as lost:
-            _calls.run_event("unrecorded", job, slot, run_id, lost)
-            raise _calls.unrecorded_success(job, slot, run_id, lost) from lost
-        _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
-
-
-def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
-    """``pglockkit.singleton`` for coroutine functions: at most one run per slot, else None."""
-
-    def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
-        _calls.check_flavour(fn, "pglockkit.aio.singleton", "pglockkit.singleton", coroutine=True)
-
-        @functools.wraps(fn)
-        async def wrapper(*args: Any, **kwargs: Any) -> T | None:
-            chosen = slot() if callable(slot) else slot
-            async with run_once(dsn, job, chosen) as run:
-                if run is None:
-                    return None
-                return await fn(*args, **kwargs)
-
-        return wrapper
-
-    return decorate
 
 
 # --- retry ----------------------------------------------------------------------------------

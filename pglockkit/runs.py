@@ -1,4 +1,10 @@
-"""Singleton runs: exactly one caller runs a job's slot (cron pods, periodic ticks)."""
+# Generated from pglockkit/runs_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
+"""Singleton runs: exactly one caller runs a job's slot (cron pods, periodic ticks).
+
+One source: the run functions of ``pglockkit.aio`` are this module as written (awaited, on an
+async connection), and ``tools/async_to_sync.py`` writes ``pglockkit.runs`` from it."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {
     "pglockkit/locks_async.py": "pglockkit/locks.py",
     "pglockkit/queue_async.py": "pglockkit/queue.py",
+    "pglockkit/runs_async.py": "pglockkit/runs.py",
     "pglockkit/worker/pool_async.py": "pglockkit/worker/pool.py",
     "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
 }

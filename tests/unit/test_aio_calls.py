@@ -88,6 +88,7 @@ def test_sync_and_async_operations_are_built_from_the_same_call_descriptions():
     # by construction: tests/unit/test_generated.py).
     async_used = {**_calls_used(PACKAGE / "aio.py"), **_calls_used(PACKAGE / "locks_async.py")}
     async_used.update(_calls_used(PACKAGE / "queue_async.py"))
+    async_used.update(_calls_used(PACKAGE / "runs_async.py"))
     compared = 0
     for module in ("locks", "leases", "queue", "runs", "connection"):
         for name, builders in _calls_used(PACKAGE / f"{module}.py").items():
@@ -97,7 +98,7 @@ def test_sync_and_async_operations_are_built_from_the_same_call_descriptions():
             compared += 1
     assert compared >= 25
     # Neither layer holds SQL of its own: every statement is in _calls (the worker's LISTEN aside).
-    for module in ("locks", "leases", "queue", "runs", "aio", "locks_async", "queue_async"):
+    for module in ("locks", "leases", "queue", "runs", "aio", "locks_async", "queue_async", "runs_async"):
         tree = ast.parse((PACKAGE / f"{module}.py").read_text())
         docstrings = {
             id(node.body[0].value)
