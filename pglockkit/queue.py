@@ -35,7 +35,6 @@ __all__ = [
     "extend_many",
     "fail",
     "jobs",
-    "load_handler",
     "pause",
     "rate_limits",
     "release",
@@ -194,6 +193,9 @@ def jobs(conn: psycopg.Connection, queue: str, status: str | None = None, limit:
     that a stored +-infinity reads too), ``worker``, and the first 40 characters of ``payload``
     (its JSON text) and ``last_error``. What ``pglockkit jobs`` prints."""
     return _calls.run(conn, _calls.jobs(queue, status, limit))
+
+
+__all__ += ["load_handler"]
 
 
 def load_handler(spec: str) -> Callable[..., Any]:

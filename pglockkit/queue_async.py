@@ -22,51 +22,27 @@ if True:  # ASYNC
 else:
     from pglockkit.worker import Worker
 
-if True:  # ASYNC
-    __all__ = [
-        "NOTIFY_CHANNEL",
-        "Job",
-        "Worker",
-        "cancel",
-        "claim",
-        "complete",
-        "complete_many",
-        "enqueue",
-        "enqueue_many",
-        "extend",
-        "extend_many",
-        "fail",
-        "jobs",
-        "pause",
-        "rate_limits",
-        "release",
-        "remove_rate_limit",
-        "resume",
-        "set_rate_limit",
-    ]
-else:
-    __all__ = [
-        "NOTIFY_CHANNEL",
-        "Job",
-        "Worker",
-        "cancel",
-        "claim",
-        "complete",
-        "complete_many",
-        "enqueue",
-        "enqueue_many",
-        "extend",
-        "extend_many",
-        "fail",
-        "jobs",
-        "load_handler",
-        "pause",
-        "rate_limits",
-        "release",
-        "remove_rate_limit",
-        "resume",
-        "set_rate_limit",
-    ]
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "Job",
+    "Worker",
+    "cancel",
+    "claim",
+    "complete",
+    "complete_many",
+    "enqueue",
+    "enqueue_many",
+    "extend",
+    "extend_many",
+    "fail",
+    "jobs",
+    "pause",
+    "rate_limits",
+    "release",
+    "remove_rate_limit",
+    "resume",
+    "set_rate_limit",
+]
 
 
 async def enqueue(
@@ -227,6 +203,7 @@ async def jobs(
 if True:  # ASYNC
     pass
 else:
+    __all__ += ["load_handler"]
 
     def load_handler(spec: str) -> Callable[..., Any]:
         """``'package.module:function'`` to the function; ValueError naming what is wrong (the

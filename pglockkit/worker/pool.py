@@ -280,6 +280,27 @@ class LazyConnection:
 # --- the feeders ----------------------------------------------------------------------------------
 
 
+def _record_together(pool: Pool, outcomes: list[tuple[list[Job], list[tuple[Job, str]]]]) -> Exception | None:
+    """The outcomes of several lanes (each a ``Record``'s done and failed jobs), recorded in one
+    transaction on a pool connection: None once it committed, else its error (and then each lane
+    records its own)."""
+    calls, completions, n_done = record_calls(outcomes)
+    conn = pool.get(first=True)
+    if conn is None:
+        raise NoConnection()
+    try:
+        results, error = _calls.run_pipeline(conn, calls)
+        if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+            _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
+    except BaseException:
+        pool.discard(conn)
+        raise
+    pool.put(conn)
+    if error is None:
+        stale_completions(n_done, sum(results[i] for i in completions))
+    return error
+
+
 class _Asked:
     __slots__ = ("answered", "kind", "n", "outcomes", "reply")
 
@@ -347,22 +368,9 @@ class Feeder:
                 self._cond.notify_all()  # answered lanes return; one of the others sends next
 
     def _send_records(self, records: list[_Asked]) -> None:
-        calls, completions, n_done = record_calls([asked.outcomes for asked in records])
         error: Exception | None = NoConnection()  # until it is known to have committed
         try:
-            conn = self.pool.get(first=True)
-            if conn is None:
-                raise NoConnection()
-            try:
-                results, error = _calls.run_pipeline(conn, calls)
-                if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-                    _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
-            except BaseException:
-                self.pool.discard(conn)
-                raise
-            self.pool.put(conn)
-            if error is None:
-                stale_completions(n_done, sum(results[i] for i in completions))
+            error = _record_together(self.pool, [asked.outcomes for asked in records])
         except Exception as exc:
             error = exc
         finally:

@@ -417,6 +417,30 @@ else:
 
 # --- the feeders ----------------------------------------------------------------------------------
 
+
+async def _record_together(
+    pool: AsyncPool, outcomes: list[tuple[list[Job], list[tuple[Job, str]]]]
+) -> Exception | None:
+    """The outcomes of several lanes (each a ``Record``'s done and failed jobs), recorded in one
+    transaction on a pool connection: None once it committed, else its error (and then each lane
+    records its own)."""
+    calls, completions, n_done = record_calls(outcomes)
+    conn = await pool.get(first=True)
+    if conn is None:
+        raise NoConnection()
+    try:
+        results, error = await _calls.arun_pipeline(conn, calls)
+        if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+            await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+    except BaseException:
+        await pool.discard(conn)
+        raise
+    await pool.put(conn)
+    if error is None:
+        stale_completions(n_done, sum(results[i] for i in completions))
+    return error
+
+
 if True:  # ASYNC
     _AsyncRecord = tuple[list[Job], list[tuple[Job, str]], asyncio.Future[Exception | None]]
 
@@ -487,22 +511,9 @@ if True:  # ASYNC
                         raise
 
         async def _send_records(self, records: list[_AsyncRecord]) -> None:
-            calls, completions, n_done = record_calls([(done, failed) for done, failed, _ in records])
             error: Exception | None = NoConnection()  # until it is known to have committed
             try:
-                conn = await self.pool.get(first=True)
-                if conn is None:
-                    raise NoConnection()
-                try:
-                    results, error = await _calls.arun_pipeline(conn, calls)
-                    if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-                        await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
-                except BaseException:
-                    await self.pool.discard(conn)
-                    raise
-                await self.pool.put(conn)
-                if error is None:
-                    stale_completions(n_done, sum(results[i] for i in completions))
+                error = await _record_together(self.pool, [(done, failed) for done, failed, _ in records])
             except Exception as exc:
                 error = exc
             finally:  # answered even when cancelled (then not known to have committed): alone
@@ -626,22 +637,9 @@ else:
                     self._cond.notify_all()  # answered lanes return; one of the others sends next
 
         def _send_records(self, records: list[_Asked]) -> None:
-            calls, completions, n_done = record_calls([asked.outcomes for asked in records])
             error: Exception | None = NoConnection()  # until it is known to have committed
             try:
-                conn = self.pool.get(first=True)
-                if conn is None:
-                    raise NoConnection()
-                try:
-                    results, error = _calls.run_pipeline(conn, calls)
-                    if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-                        _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
-                except BaseException:
-                    self.pool.discard(conn)
-                    raise
-                self.pool.put(conn)
-                if error is None:
-                    stale_completions(n_done, sum(results[i] for i in completions))
+                error = _record_together(self.pool, [asked.outcomes for asked in records])
             except Exception as exc:
                 error = exc
             finally:

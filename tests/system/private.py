@@ -3,6 +3,8 @@ without touching the session's shared ones; the ``private_server`` fixture is in
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +61,27 @@ class PrivateServer:
 
     def stop(self, mode: str = "fast") -> None:
         self.pg_ctl("stop", "-w", "-m", mode)
+
+    def stop_worker_frozen(
+        self, worker, runner, watch, terminate: str, settle: float, within: float
+    ) -> tuple[bool, float]:
+        """Freeze the server (SIGSTOP to the postmaster: connects hang, open connections work
+        on), end the worker's pool connections (``terminate``, run on ``watch``), wait ``settle``
+        seconds, then ``worker.stop()``: whether ``runner`` (the thread in ``run``) was still
+        alive ``within`` seconds later, and how long it took. The server is thawed, and the
+        runner waited for, in any case."""
+        postmaster = int((self.datadir / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGSTOP)
+        try:
+            watch.execute(terminate)
+            time.sleep(settle)
+            t0 = time.monotonic()
+            worker.stop()
+            runner.join(within)
+            return runner.is_alive(), time.monotonic() - t0
+        finally:
+            os.kill(postmaster, signal.SIGCONT)
+            runner.join(150)
 
 
 def wait_for(what: str, check, timeout: float) -> float:

@@ -511,7 +511,6 @@ def test_stop_returns_soon_while_a_lane_is_opening_its_connection_again(private_
     async def ahandler(job, conn):
         pass
 
-    postmaster = int((private_server.datadir / "postmaster.pid").read_text().split()[0])
     worker = pglockkit.Worker(
         dsn, "w", handler if flavour == "threads" else ahandler, concurrency=2, poll_interval=0.2
     )
@@ -520,18 +519,9 @@ def test_stop_returns_soon_while_a_lane_is_opening_its_connection_again(private_
     with psycopg.connect(dsn, autocommit=True) as watch:
         runner.start()
         _wait_for("the pool connected", lambda: watch.execute(lanes).fetchone()[0] >= 1, 20)
-        os.kill(postmaster, signal.SIGSTOP)  # connects hang; the listener's connection works on
-        try:
-            watch.execute(lanes.replace("count(*)", "pg_terminate_backend(pid)"))
-            time.sleep(1.5)  # the lanes' next claim (poll 0.2 s) failed: they are connecting again
-            t0 = time.monotonic()
-            worker.stop()
-            runner.join(10)
-            took = time.monotonic() - t0
-            alive = runner.is_alive()
-        finally:
-            os.kill(postmaster, signal.SIGCONT)
-            runner.join(150)
+        # After 1.5 s the lanes' next claim (poll 0.2 s) failed: they are connecting again.
+        terminate = lanes.replace("count(*)", "pg_terminate_backend(pid)")
+        alive, took = private_server.stop_worker_frozen(worker, runner, watch, terminate, 1.5, 10)
     assert not alive, f"run() had not returned {took:.1f} s after stop()"
 
 

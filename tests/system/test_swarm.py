@@ -5,7 +5,6 @@ restart. Every effect exactly once, none lost."""
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 import pytest
@@ -132,9 +131,6 @@ def test_stop_returns_while_jobs_in_flight_wait_for_a_pool_the_server_does_not_a
     while both of its places are taken by connects that hang. stop() must still return: a connect
     that failed did not wake the jobs queued behind it, and once the worker stopped they waited
     for ever. Asyncio on PostgreSQL 18, threads on 15."""
-    import os
-    import signal
-
     import pglockkit
 
     dsn = private_server.dsn()
@@ -146,22 +142,12 @@ def test_stop_returns_while_jobs_in_flight_wait_for_a_pool_the_server_does_not_a
     handler = record_async if server.name == "pg18" else record
     worker = pglockkit.Worker(dsn, "w", handler, concurrency=30, connections=2, poll_interval=0.2)
     runner = threading.Thread(target=worker.run, daemon=True)
-    postmaster = int((private_server.datadir / "postmaster.pid").read_text().split()[0])
     pool = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglockkit worker w'"
     with psycopg.connect(dsn, autocommit=True) as watch:
         runner.start()
         wait_for("30 jobs running", lambda: _count(watch, "SELECT count(*) FROM pglockkit.jobs"
                                                    " WHERE status = 'running'") >= 30, 20)  # fmt: skip
-        os.kill(postmaster, signal.SIGSTOP)  # connects hang; open connections work on
-        try:
-            watch.execute(pool.replace("count(*)", "pg_terminate_backend(pid)"))
-            time.sleep(2.0)  # the handlers woke and want connections: two connects hang, the rest queue
-            t0 = time.monotonic()
-            worker.stop()
-            runner.join(15)
-            took = time.monotonic() - t0
-            alive = runner.is_alive()
-        finally:
-            os.kill(postmaster, signal.SIGCONT)
-            runner.join(60)
+        # The handlers wake and want connections: two connects hang, the rest queue.
+        terminate = pool.replace("count(*)", "pg_terminate_backend(pid)")
+        alive, took = private_server.stop_worker_frozen(worker, runner, watch, terminate, 2.0, 15)
     assert not alive, f"run() had not returned {took:.1f} s after stop()"
