@@ -186,6 +186,36 @@ def test_a_locked_expired_job_is_skipped_not_waited_for(db):
     assert [(j.id, j.attempt) for j in q.claim(db.conn, "q", "w")] == [(stuck, 2)]
 
 
+@pytest.mark.parametrize("batch", [1, 10])
+def test_a_claim_that_would_wait_for_a_lock_gives_up_and_frees_what_it_locked(db, batch):
+    """PostgreSQL makes a SKIP LOCKED claim wait in one case (following a row's update chain),
+    and such a wait closed deadlocks with completions: a claim now waits 10 ms at most, then
+    undoes what it did and returns nothing. Here the wait is on job_keys, locked by another
+    session as DDL would lock it, after the claim has locked the keyed job's row: the claim
+    returns no rows and no error, the row is free again before the caller's transaction ends,
+    the caller's own lock_timeout is untouched, and the job is claimed once the table is free."""
+    job_id = q.enqueue(db.conn, "q", concurrency_key="k", concurrency_limit=1)
+    with psycopg.connect(db.dsn) as ddl, psycopg.connect(db.dsn) as probe:
+        ddl.execute("LOCK TABLE pglockkit.job_keys IN ACCESS EXCLUSIVE MODE")
+        with psycopg.connect(db.dsn) as caller:
+            caller.execute("SET lock_timeout = '5s'")
+            started = time.monotonic()
+            assert q.claim(caller, "q", "w", batch=batch) == []
+            assert time.monotonic() - started < 1
+            assert caller.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            # The claim's row lock went with its block: another session locks the row at once.
+            row = probe.execute(
+                "SELECT status, attempt FROM pglockkit.jobs WHERE id = %s FOR UPDATE NOWAIT", (job_id,)
+            ).fetchone()
+            assert row == ("queued", 0)
+            probe.rollback()
+            assert caller.execute("SHOW lock_timeout").fetchone() == ("5s",)
+        ddl.rollback()
+    [job] = q.claim(db.conn, "q", "w", batch=batch)
+    assert (job.id, job.attempt) == (job_id, 1)
+    assert _keys_consistent(db.conn)
+
+
 def test_lease_expiring_on_last_attempt_goes_dead(db):
     job_id = q.enqueue(db.conn, "q", max_attempts=1)
     q.claim(db.conn, "q", "w", lease=0.1)
