@@ -1,13 +1,21 @@
+# Generated from pglockkit/leases_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
 """Leases with fencing tokens: a ``Lease`` that renews itself, and the SQL calls it wraps.
 
 A lease outlives connections (unlike a session lock): it is a row with an expiry on the server's
 clock. Its token grows at every acquisition, so a writer that lost the lease without noticing is
 stopped by ``check_fence`` in its own transaction.
+
+One source: the lease functions and ``Lease`` of ``pglockkit.aio`` are this module as written
+(renewed by an asyncio task), and ``tools/async_to_sync.py`` writes ``pglockkit.leases`` from it
+(renewed by a thread). What a renewal decides (when to renew, when the ttl has run out, how a loss
+is recorded and reported) is written once; only starting the renewal and waiting for it are
+written per flavour, side by side.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -78,12 +86,32 @@ def leases(conn: psycopg.Connection) -> list[dict]:
     return _calls.run(conn, _calls.leases())
 
 
-class _LeaseState:
-    """What ``Lease`` and ``pglockkit.aio.Lease`` share: settings, token, and how a loss is
-    recorded. ``lost`` is an event of ``_event_type`` (threading or asyncio)."""
+class Lease:
+    """Acquire a lease, keep it renewed in the background, release it on exit.
 
-    _event_type: Callable[[], threading.Event | asyncio.Event] = threading.Event
-    _awaits_on_lost = False  # whether an async def on_lost is awaited (aio.Lease) or refused
+    >>> with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
+    ...     if not lease.acquired:
+    ...         return                           # someone else holds it
+    ...     for chunk in work():
+    ...         if lease.lost.is_set():
+    ...             break                        # stop writing: the lease is gone
+    ...         with conn.transaction():
+    ...             lease.check_fence(conn)  # rejects a stale writer in SQL
+    ...             write(conn, chunk)
+
+    Renewals run every ``ttl / 3`` on the lease's own connection, from a thread (``pglockkit.Lease``)
+    or an asyncio task (``pglockkit.aio.Lease``). The first failed renewal records ``lost_reason``,
+    calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``, or an ``asyncio.Event``
+    for ``pglockkit.aio.Lease``); the lease then lets go of what it still holds (its session key,
+    the row if nobody took it). So does a renewal that has not answered when the ttl, counted from
+    the start of the last call that answered, runs out (a frozen backend, a partition): its
+    connection is shut down. ``bind_session=True`` also frees the lease as soon as this process's
+    connection dies. ``pglockkit.aio.Lease`` awaits an ``async def`` on_lost; ``pglockkit.Lease``
+    refuses one with a TypeError, since its renewal thread could never await it.
+    """
+
+    _task: Any = None  # what renews: an asyncio task, or a thread
+    _call: Any = None  # the renewal in flight, or the last one: a future of either flavour
 
     def __init__(
         self,
@@ -94,10 +122,10 @@ class _LeaseState:
         holder: str | None = None,
         bind_session: bool = False,
         renew_every: float | None = None,
-        on_lost: Callable[[Any], None] | None = None,
+        on_lost: Callable[[Any], Any] | None = None,
     ):
-        if not self._awaits_on_lost:  # called from the renewal thread, its coroutine never awaited
-            _calls.check_flavour(on_lost, "pglockkit.Lease's on_lost", "pglockkit.aio.Lease", coroutine=False)
+        # Called from the renewal thread, a coroutine function's coroutine is never awaited.
+        _calls.check_flavour(on_lost, "pglockkit.Lease's on_lost", "pglockkit.aio.Lease", coroutine=False)
         self.dsn = dsn
         self.name = name
         self.ttl = _calls.seconds(ttl)
@@ -106,7 +134,8 @@ class _LeaseState:
         self.renew_every = renew_every if renew_every is not None else self.ttl.total_seconds() / 3
         self.on_lost = on_lost
         self.token: int | None = None
-        self.lost = self._event_type()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
         self.lost_reason: str | None = None
         # Until when (time.monotonic()) the lease is known to be ours: the start of the last
         # acquire or renewal that answered, plus the ttl. The server counts the ttl from when the
@@ -122,65 +151,7 @@ class _LeaseState:
     def application_name(self) -> str:
         return f"pglockkit lease {self.name}"
 
-    def _renewed(self, started: float) -> None:
-        self._valid_until = started + self.ttl.total_seconds()
-
-    def _next_renewal(self) -> tuple[float, bool]:
-        """How long to wait for the next renewal, and whether the ttl runs out first (a
-        ``renew_every`` not shorter than what is left of the ttl): then the lease is lost."""
-        left = self._valid_until - time.monotonic()
-        return max(0.0, min(self.renew_every, left)), self.renew_every >= left
-
-    def _fence_token(self) -> int:
-        if self.token is None:
-            raise RuntimeError(f"lease {self.name!r} was not acquired")
-        return self.token
-
-    def _record_loss(self, reason: str) -> None:
-        self.lost_reason = reason
-        _calls.lease_lost_event(self.name, self.holder, self.token, reason)
-
-    def _lose(self, reason: str) -> None:
-        """Record the loss, call ``on_lost``, then set ``lost``: whoever waits on the event sees
-        what the callback did. A callback that raises is logged, and the lease goes on to let go
-        of what it holds."""
-        self._record_loss(reason)
-        try:
-            if self.on_lost is not None:
-                self.on_lost(self)
-        except Exception:
-            _calls.leases_log.exception("lease %s: on_lost raised", self.name)
-        finally:
-            self.lost.set()
-
-
-class Lease(_LeaseState):
-    """Acquire a lease, keep it renewed in the background, release it on exit.
-
-    >>> with Lease(dsn, "nightly-refresh", ttl=30) as lease:  # doctest: +SKIP
-    ...     if not lease.acquired:
-    ...         return                           # someone else holds it
-    ...     for chunk in work():
-    ...         if lease.lost.is_set():
-    ...             break                        # stop writing: the lease is gone
-    ...         with conn.transaction():
-    ...             lease.check_fence(conn)      # rejects a stale writer in SQL
-    ...             write(conn, chunk)
-
-    Renewals run every ``ttl / 3`` on the lease's own connection. The first failed renewal records
-    ``lost_reason``, calls ``on_lost(lease)`` and then sets ``lost`` (a ``threading.Event``); the
-    lease then lets go of what it still holds (its session key, the row if nobody took it). So does
-    a renewal that has not answered when the ttl, counted from the start of the last call that
-    answered, runs out (a frozen backend, a partition): its connection is shut down.
-    ``bind_session=True`` also frees the lease as soon as this process's connection dies. An
-    ``async def`` on_lost is a TypeError: ``pglockkit.aio.Lease`` awaits it.
-    """
-
-    _thread: threading.Thread | None = None
-    _call: futures.Future | None = None  # the renewal in flight, or the last one
-
     def __enter__(self) -> Lease:
-        self._stop = threading.Event()
         self._conn = connect(self.dsn, autocommit=True, application_name=self.application_name)
         try:
             if self.bind_session:  # freed with the session: a direct one, told to notice a vanished host
@@ -194,43 +165,72 @@ class Lease(_LeaseState):
         self._renewed(started)
         _calls.lease_acquire_event(self.name, self.holder, self.token)
         if self.acquired:
-            self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
-            self._thread.start()
+            self._task = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
+            self._task.start()
         return self
 
     def check_fence(self, conn: psycopg.Connection) -> None:
         """``check_fence(name, token)`` in ``conn``'s current transaction."""
-        check_fence(conn, self.name, self._fence_token())
+        if self.token is None:
+            raise RuntimeError(f"lease {self.name!r} was not acquired")
+        check_fence(conn, self.name, self.token)
+
+    def _renewed(self, started: float) -> None:
+        self._valid_until = started + self.ttl.total_seconds()
 
     def _renew_loop(self) -> None:
         while True:
-            wait, runs_out = self._next_renewal()
-            if self._stop.wait(wait):
+            left = self._valid_until - time.monotonic()
+            if self._stopped(max(0.0, min(self.renew_every, left))):
                 return
-            if runs_out:
+            if self.renew_every >= left:  # the ttl runs out before the next renewal would start
                 self._lose(_calls.RENEWAL_UNANSWERED)
                 self._let_go()
                 return
             started = time.monotonic()
-            # In a thread of its own, so that this one stops waiting when the ttl runs out.
-            self._call = _in_thread(renew_lease, self._conn, self.name, self.holder, self.token, self.ttl)
-            try:
-                ok = self._call.result(timeout=self._valid_until - started)
-            except CALL_ERRORS as exc:  # before TimeoutError: a LockTimeout is not the ttl running out
-                self._lose(_calls.renewal_error(exc))
-                self._let_go()
-                return
-            except futures.TimeoutError:
+            # A task or a thread of its own, so that this loop stops waiting when the ttl runs out.
+            self._call = call = self._start_renewal()
+            if not _finished(call, self._valid_until - started):
                 # Unanswered: a rival may hold the lease by now. The call would wait for TCP to
                 # give up (a frozen backend never answers): make it fail now.
                 sever(self._conn)
                 self._lose(_calls.RENEWAL_UNANSWERED)
-                futures.wait([self._call], SEVERED_WAIT)
+                _finished(call, SEVERED_WAIT)
+                return
+            try:
+                ok = call.result()
+            except CALL_ERRORS as exc:
+                self._lose(_calls.renewal_error(exc))
+                self._let_go()
                 return
             if not ok:  # renew_lease has let go of this session's key already
                 self._lose(_calls.RENEWAL_REFUSED)
                 return
             self._renewed(started)
+
+    def _stopped(self, wait: float) -> bool:
+        """Whether the block ended (``_stop``) within ``wait`` seconds. A stop ends the wait, never
+        a renewal in flight on the lease's connection."""
+        return self._stop.wait(wait)
+
+    def _start_renewal(self) -> Any:
+        """``renew_lease`` started: a future of its result."""
+        args = (self._conn, self.name, self.holder, self.token, self.ttl)
+        return _in_thread(renew_lease, *args)
+
+    def _lose(self, reason: str) -> None:
+        """Record the loss, call ``on_lost``, then set ``lost``: whoever waits on the event sees
+        what the callback did. A callback that raises is logged, and the lease goes on to let go
+        of what it holds."""
+        self.lost_reason = reason
+        _calls.lease_lost_event(self.name, self.holder, self.token, reason)
+        try:
+            if self.on_lost is not None:
+                self.on_lost(self)
+        except Exception:
+            _calls.leases_log.exception("lease %s: on_lost raised", self.name)
+        finally:
+            self.lost.set()
 
     def _let_go(self) -> None:
         """After a renewal that raised: release with the lost token, which frees the row if nobody
@@ -241,11 +241,11 @@ class Lease(_LeaseState):
         with contextlib.suppress(*CALL_ERRORS):
             release_lease(self._conn, self.name, self.holder, self.token)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         try:
+            if self._task is not None:
+                self._task.join()
             if self.acquired and not self.lost.is_set():
                 # A lease lost unnoticed (check_fence raised StaleToken) is released as well:
                 # false, and the session's key let go of. Its row may be locked by a fenced
@@ -261,8 +261,15 @@ class Lease(_LeaseState):
         finally:
             if self._call is None or self._call.done():
                 self._conn.close()
-            else:  # still inside libpq: left to the call, which ends when TCP gives up
+            else:  # still waiting on the socket: left to the call, which ends when TCP gives up
                 _calls.leases_log.warning("lease %s: renewal still in flight, connection left", self.name)
+
+
+def _finished(call: Any, timeout: float) -> bool:
+    """Whether ``call`` (a future) ended within ``timeout`` seconds. An error it ends with is read
+    by whoever reads its result, or by nobody; waiting never raises it."""
+    futures.wait([call], timeout)
+    return call.done()
 
 
 def _in_thread(fn: Callable[..., Any], *args: Any) -> futures.Future:

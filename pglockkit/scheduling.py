@@ -1,7 +1,13 @@
+# Generated from pglockkit/scheduling_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
 """Schedules from Python: cron expressions kept in the database (``pglockkit.schedule``), ticked
 into the job queue exactly once per slot by whoever ticks first: every ``Worker`` (about once a
 second), ``pglockkit scheduler``, or ``SELECT pglockkit.tick_schedules()`` from pg_cron. One
-function per SQL call; docs/schedules.md says what the SQL guarantees."""
+function per SQL call; docs/schedules.md says what the SQL guarantees.
+
+One source: the schedule functions of ``pglockkit.aio`` are this module as written (awaited, on an
+async connection), and ``tools/async_to_sync.py`` writes ``pglockkit.scheduling`` from it."""
 
 from __future__ import annotations
 

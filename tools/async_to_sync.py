@@ -34,14 +34,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = {
+    "pglockkit/leases_async.py": "pglockkit/leases.py",
     "pglockkit/locks_async.py": "pglockkit/locks.py",
     "pglockkit/queue_async.py": "pglockkit/queue.py",
     "pglockkit/runs_async.py": "pglockkit/runs.py",
+    "pglockkit/scheduling_async.py": "pglockkit/scheduling.py",
     "pglockkit/worker/pool_async.py": "pglockkit/worker/pool.py",
     "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
 }
 
 NAMES = {
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
     "AsyncFeeder": "Feeder",
     "AsyncHold": "Hold",
     "AsyncLaneConnection": "LaneConnection",
