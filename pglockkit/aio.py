@@ -16,17 +16,11 @@ records are the same by construction.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import psycopg
-
-from pglockkit import _calls
 from pglockkit._calls import Job
 from pglockkit.connection import aconnect as connect
 from pglockkit.connection import aset_server_keepalives as set_server_keepalives
-from pglockkit.errors import RetryableError
 from pglockkit.leases_async import (
     Lease,
     acquire_lease,
@@ -64,7 +58,7 @@ from pglockkit.queue_async import (
     resume,
     set_rate_limit,
 )
-from pglockkit.retry import RETRY_BASE, RETRY_CAP, check_attempts, pause_or_raise
+from pglockkit.retry_async import retry
 from pglockkit.runs_async import finish_run, prune_runs, run_once, runs, singleton, start_run
 from pglockkit.scheduling_async import cron_next, schedule, schedules, tick_schedules, unschedule
 from pglockkit.worker.driver_async import Worker
@@ -123,35 +117,3 @@ __all__ = [
 
 
 # --- queue ----------------------------------------------------------------------------------
-
-
-# --- retry ----------------------------------------------------------------------------------
-
-
-async def retry(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    attempts: int = 5,
-    base: float = RETRY_BASE,
-    cap: float = RETRY_CAP,
-    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-) -> T:
-    """``pglockkit.retry`` for coroutines: await ``fn()`` (one whole transaction) until it succeeds,
-    retrying deadlocks, serialization failures and lock timeouts with the same full-jitter backoff.
-
-    >>> async def transfer():  # doctest: +SKIP
-    ...     async with conn.transaction():
-    ...         await xact_lock_all(conn, "accounts", [a, b], timeout=1)
-    >>> await retry(transfer)  # doctest: +SKIP
-
-    A plain function is a TypeError, before it runs: ``pglockkit.retry`` calls those. To pass
-    arguments, give a ``functools.partial`` of the coroutine function.
-    """
-    _calls.check_flavour(fn, "pglockkit.aio.retry", "pglockkit.retry", coroutine=True)
-    check_attempts(attempts)
-    for attempt in range(attempts):
-        try:
-            return await fn()
-        except (psycopg.Error, RetryableError) as exc:
-            await sleep(pause_or_raise(exc, attempt, attempts, base, cap))
-    raise AssertionError("unreachable")

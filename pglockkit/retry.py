@@ -1,4 +1,10 @@
-"""Retry a transaction on deadlock (40P01), serialization failure (40001) and lock timeout (55P03)."""
+# Generated from pglockkit/retry_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
+"""Retry a transaction on deadlock (40P01), serialization failure (40001) and lock timeout (55P03).
+
+One source: ``pglockkit.aio.retry`` is this module's ``retry`` as written (it awaits the
+transaction), and ``tools/async_to_sync.py`` writes ``pglockkit.retry`` from it."""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -17,6 +23,10 @@ from pglockkit.errors import RetryableError, from_psycopg
 log = logging.getLogger("pglockkit.retry")
 
 T = TypeVar("T")
+
+_Transaction = Callable[[], T]
+_Sleep = Callable[[float], Any]
+_SLEEP = time.sleep
 
 # The pauses of the kit's own retries, named once (seconds).
 RETRY_BASE = 0.05  # the first pause of retry() and backoff()
@@ -38,26 +48,28 @@ def backoff(
 
 
 def retry(
-    fn: Callable[[], T],
+    fn: _Transaction[T],
     *,
     attempts: int = 5,
     base: float = RETRY_BASE,
     cap: float = RETRY_CAP,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: _Sleep = _SLEEP,
 ) -> T:
-    """Call ``fn`` until it succeeds, retrying retryable failures with jittered backoff.
+    """Run ``fn()`` until it succeeds, retrying deadlocks, serialization failures and lock
+    timeouts with full-jitter backoff. ``fn`` must run one whole transaction (a retry re-runs all
+    of it):
 
-    ``fn`` must run one whole transaction (a retry re-runs all of it), e.g.::
+    >>> def transfer():  # doctest: +SKIP
+    ...     with conn.transaction():
+    ...         xact_lock_all(conn, "accounts", [a, b], timeout=1)
+    ...         ...
+    >>> retry(transfer)  # doctest: +SKIP
 
-        def transfer():
-            with conn.transaction():
-                xact_lock_all(conn, "accounts", [a, b], timeout=1)
-                ...
-        retry(transfer)
-
-    After ``attempts`` tries the last error is raised (as a pglockkit error where one maps).
-    A coroutine function is a TypeError (its coroutine would be returned unawaited after one try,
-    never retried): use ``pglockkit.aio.retry``.
+    After ``attempts`` tries the last error is raised (as a pglockkit error where one maps). To
+    pass arguments, give a ``functools.partial``. ``pglockkit.retry`` calls plain functions and
+    ``pglockkit.aio.retry`` awaits coroutine functions; given the other kind, each raises a
+    TypeError before it runs (``pglockkit.retry`` would return an unawaited coroutine after one
+    try, never retried).
     """
     _calls.check_flavour(fn, "pglockkit.retry", "pglockkit.aio.retry", coroutine=False)
     check_attempts(attempts)

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -99,20 +99,25 @@ def run_once(dsn: str, job: str, slot: str | None = None, holder: str | None = N
         _calls.run_event("succeeded" if recorded else "unrecorded", job, slot, run_id)
 
 
+_Entry = Callable[..., T]
+_Singleton = Callable[..., T | None]
+
+
 def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
     """Decorator for cron entry points: the function runs at most once per slot across all
-    processes; elsewhere the call returns None without running it. An ``async def`` is a
-    TypeError: ``pglockkit.aio.singleton`` runs it inside the slot.
+    processes; elsewhere the call returns None without running it. ``pglockkit.singleton`` takes a
+    plain function, ``pglockkit.aio.singleton`` a coroutine function (run inside the slot); given
+    the other kind, each raises a TypeError.
 
     >>> @singleton(dsn, "nightly-aggregation")  # doctest: +SKIP
     ... def aggregate(): ...
     """
 
-    def decorate(fn: Callable[..., T]) -> Callable[..., T | None]:
+    def decorate(fn: _Entry[T]) -> _Singleton[T]:
         _calls.check_flavour(fn, "pglockkit.singleton", "pglockkit.aio.singleton", coroutine=False)
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs) -> T | None:
+        def wrapper(*args: Any, **kwargs: Any) -> T | None:
             chosen = slot() if callable(slot) else slot
             with run_once(dsn, job, chosen) as run:
                 if run is None:

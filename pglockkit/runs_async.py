@@ -101,47 +101,37 @@ async def run_once(
 
 
 if True:  # ASYNC
-
-    def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
-        """``pglockkit.singleton`` for coroutine functions: at most one run per slot, else None."""
-
-        def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
-            _calls.check_flavour(fn, "pglockkit.aio.singleton", "pglockkit.singleton", coroutine=True)
-
-            @functools.wraps(fn)
-            async def wrapper(*args: Any, **kwargs: Any) -> T | None:
-                chosen = slot() if callable(slot) else slot
-                async with run_once(dsn, job, chosen) as run:
-                    if run is None:
-                        return None
-                    return await fn(*args, **kwargs)
-
-            return wrapper
-
-        return decorate
-
+    _Entry = Callable[..., Awaitable[T]]
+    _Singleton = Callable[..., Awaitable[T | None]]
 else:
+    _Entry = Callable[..., T]
+    _Singleton = Callable[..., T | None]
 
-    def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
-        """Decorator for cron entry points: the function runs at most once per slot across all
-        processes; elsewhere the call returns None without running it. An ``async def`` is a
-        TypeError: ``pglockkit.aio.singleton`` runs it inside the slot.
 
-        >>> @singleton(dsn, "nightly-aggregation")  # doctest: +SKIP
-        ... def aggregate(): ...
-        """
+def singleton(dsn: str, job: str, slot: Callable[[], str] | str | None = None) -> Callable:
+    """Decorator for cron entry points: the function runs at most once per slot across all
+    processes; elsewhere the call returns None without running it. ``pglockkit.singleton`` takes a
+    plain function, ``pglockkit.aio.singleton`` a coroutine function (run inside the slot); given
+    the other kind, each raises a TypeError.
 
-        def decorate(fn: Callable[..., T]) -> Callable[..., T | None]:
+    >>> @singleton(dsn, "nightly-aggregation")  # doctest: +SKIP
+    ... async def aggregate(): ...
+    """
+
+    def decorate(fn: _Entry[T]) -> _Singleton[T]:
+        if True:  # ASYNC
+            _calls.check_flavour(fn, "pglockkit.aio.singleton", "pglockkit.singleton", coroutine=True)
+        else:
             _calls.check_flavour(fn, "pglockkit.singleton", "pglockkit.aio.singleton", coroutine=False)
 
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs) -> T | None:
-                chosen = slot() if callable(slot) else slot
-                with run_once(dsn, job, chosen) as run:
-                    if run is None:
-                        return None
-                    return fn(*args, **kwargs)
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T | None:
+            chosen = slot() if callable(slot) else slot
+            async with run_once(dsn, job, chosen) as run:
+                if run is None:
+                    return None
+                return await fn(*args, **kwargs)
 
-            return wrapper
+        return wrapper
 
-        return decorate
+    return decorate

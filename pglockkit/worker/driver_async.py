@@ -178,6 +178,47 @@ class Worker(WorkerBase):
 
     # --- starting and stopping --------------------------------------------------------------
 
+    async def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+        """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every lane
+        found the queue without a due job, other than ones a paused queue or a concurrency limit
+        holds back: a due job waiting for its rate key's next token is waited for). Returns the
+        number of jobs processed."""
+        if True:  # ASYNC
+            self._loop = asyncio.get_running_loop()
+            self._kick = asyncio.Event()
+            self._stopped = asyncio.Event()
+            if self._stopping.is_set():
+                self._stopped.set()
+        else:
+            if self._delegate:
+                return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
+        self._budget = Budget(max_jobs)
+        app = f"pglockkit worker {self.settings.queue}"
+        listener = await self._open_listener(app)
+        restore = self._install_signal_handlers()
+        try:
+            await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self._open_pool(app)
+            listener = await self._run_lanes(listener, app, exit_when_idle)
+        finally:
+            self._stop_now()
+            if self._pool is not None:
+                await self._pool.close()
+            await listener.close()
+            restore()
+        return self.processed
+
+    def _stop_now(self) -> None:
+        """Stop the lanes: they finish the jobs in hand and end."""
+        self._stopping.set()
+        self._notify()
+
+    def _ready(self) -> None:
+        self._pool: AsyncPool | None = None
+        self._feeder: AsyncFeeder | None = None
+        self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
+        self._ready_flavour()
+
     if True:  # ASYNC
 
         def _check_handler(self, handler: Callable[..., Any]) -> None:
@@ -187,15 +228,12 @@ class Worker(WorkerBase):
                     "run it with pglockkit.Worker (threads)"
                 )
 
-        def _ready(self) -> None:
+        def _ready_flavour(self) -> None:
             self._loop: asyncio.AbstractEventLoop | None = None
             self._kick = asyncio.Event()
             self._stopped = asyncio.Event()
             self._in_handler: set[asyncio.Task[Any]] = set()  # lanes awaiting a handler
             self._interrupted: set[asyncio.Task[Any]] = set()  # lanes whose handler run() cancelled
-            self._pool: AsyncPool | None = None
-            self._feeder: AsyncFeeder | None = None
-            self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
 
         def stop(self) -> None:
             """Ask the worker to finish the jobs in hand, commit, give back the rest and return.
@@ -208,54 +246,31 @@ class Worker(WorkerBase):
         def _asked_to_stop(self) -> bool:
             return self._stopping.is_set()
 
-        async def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
-            """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every
-            lane found the queue without a due job, other than ones a paused queue or a concurrency
-            limit holds back: a due job waiting for its rate key's next token is waited for).
-            Returns the number of jobs processed."""
-            self._loop = asyncio.get_running_loop()
-            self._kick = asyncio.Event()
-            self._stopped = asyncio.Event()
-            if self._stopping.is_set():
-                self._stopped.set()
-            self._budget = Budget(max_jobs)
-            s = self.settings
-            app = f"pglockkit worker {s.queue}"
-            listener = await self._connect(f"{app} listen")  # a wrong DSN raises here, at once
-            try:
-                check_connection_slots(s, *await _calls.arun(listener, _calls.connection_slots()))
-            except BaseException:
-                await listener.close()
-                raise
+        async def _run_lanes(
+            self, listener: psycopg.AsyncConnection, app: str, exit_when_idle: bool
+        ) -> psycopg.AsyncConnection:
+            """The lanes, the heartbeat and the listener as tasks, until the lanes have ended; the
+            listener to close (its task closes the ones it opened)."""
             tasks: list[asyncio.Task[Any]] = []
             lanes: list[asyncio.Task[None]] = []
-            restore = self._install_signal_handlers()
             try:
-                await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 heartbeat = await self._connect(f"{app} heartbeat")
                 tasks.append(asyncio.create_task(self._heartbeat(heartbeat, f"{app} heartbeat")))
                 tasks.append(asyncio.create_task(self._listen(listener, f"{app} listen")))
-                self._pool = AsyncPool(
-                    self.dsn, worker_params(self.dsn, app), s.connections, self._gate, self._stopping.is_set
-                )
-                self._feeder = AsyncFeeder(self._pool, s, self._notify)
-                lanes = [asyncio.create_task(self._lane(exit_when_idle)) for _ in range(s.concurrency)]
+                lanes = [
+                    asyncio.create_task(self._lane(exit_when_idle)) for _ in range(self.settings.concurrency)
+                ]
                 await self._until_done(lanes)
             finally:
-                self._stopping.set()
-                self._notify()
+                self._stop_now()
                 if lanes:
                     await asyncio.gather(*lanes, return_exceptions=True)
                 if self._feeder is not None:
                     await self._feeder.close()
-                if self._pool is not None:
-                    await self._pool.close()
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                await listener.close()
-                restore()
-            return self.processed
+            return listener
 
         async def _until_done(self, lanes: list[asyncio.Task[None]]) -> None:
             """Wait for the lanes. ``asyncio.wait`` does not pass a cancellation of ``run()`` on to
@@ -277,8 +292,7 @@ class Worker(WorkerBase):
             shielded from further cancellations of ``run()`` (anyio's cancel scopes cancel again at
             every await); lanes still busy then are cancelled: their open groups roll back, their
             jobs go back by their lease."""
-            self._stopping.set()
-            self._notify()
+            self._stop_now()
             for lane in self._in_handler:
                 self._interrupted.add(lane)
                 lane.cancel()
@@ -297,14 +311,11 @@ class Worker(WorkerBase):
 
     else:
 
-        def _ready(self) -> None:
+        def _ready_flavour(self) -> None:
             self._wake = threading.Condition()
             self._wakeups = 0
             self._stop_asked = False  # by stop(): a plain flag, which a signal handler may set
             self._delegate: Any = None
-            self._pool: AsyncPool | None = None
-            self._feeder: AsyncFeeder | None = None
-            self._poller = False  # an idle lane waits with a timeout (to poll); the others for a NOTIFY
             if is_async(self.handler):
                 from pglockkit.worker.driver_async import Worker as AsyncWorker
 
@@ -338,56 +349,70 @@ class Worker(WorkerBase):
         def _pass_on_stop(self) -> bool:
             """In the thread of ``run``: wake the lanes if ``stop`` was asked. True once stopping."""
             if self._stop_asked and not self._stopping.is_set():
-                self._stopping.set()
-                self._notify()
+                self._stop_now()
             return self._stopping.is_set()
 
-        def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
-            """Work until stopped (or ``max_jobs`` done, or, with ``exit_when_idle``, until every
-            lane found the queue without a due job, other than ones a paused queue or a concurrency
-            limit holds back: a due job waiting for its rate key's next token is waited for).
-            Returns the number of jobs processed."""
-            if self._delegate:
-                return asyncio.run(self._delegate.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle))
-            self._budget = Budget(max_jobs)
-            s = self.settings
-            app = f"pglockkit worker {s.queue}"
-            listener = self._connect(f"{app} listen")  # a wrong DSN raises here, at once
-            try:
-                check_connection_slots(s, *_calls.run(listener, _calls.connection_slots()))
-            except BaseException:
-                listener.close()
-                raise
-            restore = self._install_signal_handlers()
+        def _run_lanes(
+            self, listener: psycopg.Connection, app: str, exit_when_idle: bool
+        ) -> psycopg.Connection:
+            """The lanes as threads and the heartbeat's, this thread listening, until the lanes
+            have ended; the listener to close (the one it reconnected, if it did)."""
             lanes: list[threading.Thread] = []
             heartbeat = None
             try:
-                listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                heartbeat = _Heartbeat(self.dsn, s.lease, f"{app} heartbeat", self._watch)
-                self._pool = AsyncPool(
-                    self.dsn, worker_params(self.dsn, app), s.connections, self._gate, self._asked_to_stop
-                )
-                self._feeder = AsyncFeeder(self._pool, s, self._notify)
-                for i in range(s.concurrency):
+                heartbeat = _Heartbeat(self.dsn, self.settings.lease, f"{app} heartbeat", self._watch)
+                for i in range(self.settings.concurrency):
                     name = f"pglockkit-lane-{i}"
                     lanes.append(threading.Thread(target=self._lane, args=(exit_when_idle,), name=name))
                     lanes[-1].start()
                 listener = self._listen(listener, lanes)
             finally:
-                self._stopping.set()
-                self._notify()
+                self._stop_now()
                 for t in lanes:
                     t.join()
                 if heartbeat is not None:
                     heartbeat.close()
-                if self._pool is not None:
-                    self._pool.close()
-                listener.close()
-                restore()
-            return self.processed
+            return listener
 
     async def _connect(self, application_name: str) -> psycopg.AsyncConnection:
         return await psycopg.AsyncConnection.connect(self.dsn, **worker_params(self.dsn, application_name))
+
+    async def _open_listener(self, app: str) -> psycopg.AsyncConnection:
+        """The LISTEN connection, the process's first: a wrong DSN raises here, at once, and so
+        does a setting that the server's connection slots cannot hold."""
+        listener = await self._connect(f"{app} listen")
+        try:
+            check_connection_slots(self.settings, *await _calls.arun(listener, _calls.connection_slots()))
+        except BaseException:
+            await listener.close()
+            raise
+        return listener
+
+    def _open_pool(self, app: str) -> None:
+        """The pool the lanes share (it connects on demand) and its feeder."""
+        s = self.settings
+        self._pool = AsyncPool(
+            self.dsn, worker_params(self.dsn, app), s.connections, self._gate, self._asked_to_stop
+        )
+        self._feeder = AsyncFeeder(self._pool, s, self._notify)
+
+    def _backoff(self, failures: int, what: str) -> float:
+        """The pause after ``failures`` failures in a row, counted and logged."""
+        pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
+        self._reconnects += 1
+        log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+        return pause
+
+    async def _tick(self, listener: psycopg.AsyncConnection, ticker: Ticker) -> None:
+        """The schedules' tick, when it is due, on the LISTEN connection. A lost connection raises
+        (the listener reconnects); any other error is the ticker's to log and back off from."""
+        if ticker.due():
+            try:
+                await _calls.arun(listener, _calls.tick_schedules())
+            except psycopg.OperationalError:
+                raise
+            except Exception as exc:
+                ticker.failed(exc)
 
     # --- lanes ------------------------------------------------------------------------------
 
@@ -584,6 +609,38 @@ class Worker(WorkerBase):
 
     # --- waiting, waking, the heartbeat and signals -----------------------------------------
 
+    async def _wait_for_work(self, mark: Any, token_in: float | None) -> None:
+        """Until a NOTIFY or a stop (``mark``: what ``_wake_mark`` gave before the lane looked for
+        work); one idle lane (the poller) also wakes after the poll interval, or when a rate token
+        that due jobs wait for comes (``next_rate_token``). Each of 2,000 idle lanes polling once a
+        second sent 2,000 claims a second for an empty queue; a claim that finds jobs wakes the
+        others (the feeder's ``found``), as a NOTIFY does."""
+        if True:  # ASYNC
+            timeout = None
+            if not self._poller:
+                self._poller = True
+                timeout = self._idle_wait(token_in)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(mark.wait(), timeout)
+            finally:
+                if timeout is not None:
+                    self._poller = False
+        else:
+            with self._wake:
+                poller = not self._poller
+                self._poller = True
+                deadline = time.monotonic() + self._idle_wait(token_in) if poller else None
+                try:
+                    while self._wakeups == mark and not self._asked_to_stop():
+                        left = STOP_LOOK if deadline is None else deadline - time.monotonic()
+                        if left <= 0:
+                            return
+                        self._wake.wait(min(left, STOP_LOOK))
+                finally:
+                    if poller:
+                        self._poller = False
+
     if True:  # ASYNC
 
         def _wake_mark(self) -> asyncio.Event:
@@ -596,27 +653,8 @@ class Worker(WorkerBase):
             self._kick.set()
             self._kick = asyncio.Event()
 
-        async def _wait_for_work(self, kick: asyncio.Event, token_in: float | None) -> None:
-            """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll
-            interval, or when a rate token that due jobs wait for comes (``next_rate_token``). Each
-            of 2,000 idle lanes polling once a second sent 2,000 claims a second for an empty
-            queue; a claim that finds jobs wakes the others (the feeder's ``found``), as a NOTIFY
-            does."""
-            timeout = None
-            if not self._poller:
-                self._poller = True
-                timeout = self._idle_wait(token_in)
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), timeout)
-            finally:
-                if timeout is not None:
-                    self._poller = False
-
         async def _pause(self, failures: int, what: str) -> int:
-            pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
-            self._reconnects += 1
-            log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+            pause = self._backoff(failures, what)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), pause)
             return failures + 1
@@ -653,13 +691,7 @@ class Worker(WorkerBase):
                             failures = 0
                         async for _ in listener.notifies(timeout=1.0, stop_after=1):
                             self._notify()
-                        if ticker.due():
-                            try:
-                                await _calls.arun(listener, _calls.tick_schedules())
-                            except psycopg.OperationalError:
-                                raise
-                            except Exception as exc:
-                                ticker.failed(exc)
+                        await self._tick(listener, ticker)
                     except psycopg.OperationalError as exc:
                         await listener.close()
                         failures = await self._pause(
@@ -704,30 +736,8 @@ class Worker(WorkerBase):
                 self._wakeups += 1
                 self._wake.notify_all()
 
-        def _wait_for_work(self, seen: int, token_in: float | None) -> None:
-            """Until a NOTIFY or a stop; one idle lane (the poller) also wakes after the poll
-            interval, or when a rate token that due jobs wait for comes (``next_rate_token``). Each
-            of 2,000 idle lanes polling once a second sent 2,000 claims a second for an empty
-            queue; a claim that finds jobs wakes the others (the feeder's ``found``), as a NOTIFY
-            does."""
-            with self._wake:
-                poller = not self._poller
-                self._poller = True
-                deadline = time.monotonic() + self._idle_wait(token_in) if poller else None
-                try:
-                    while self._wakeups == seen and not self._asked_to_stop():
-                        left = STOP_LOOK if deadline is None else deadline - time.monotonic()
-                        if left <= 0:
-                            return
-                        self._wake.wait(min(left, STOP_LOOK))
-                finally:
-                    if poller:
-                        self._poller = False
-
         def _pause(self, failures: int, what: str, *, in_run: bool = False) -> int:
-            pause = backoff(failures, base=RECONNECT_BASE, cap=self.settings.reconnect_cap)
-            self._reconnects += 1
-            log.warning("%s in %.2f s (attempt %d)", what, pause, failures + 1)
+            pause = self._backoff(failures, what)
             # Looking for a stop() every quarter of a second (the thread of run() passes it on),
             # with no lock held while it waits.
             deadline = time.monotonic() + pause
@@ -755,13 +765,7 @@ class Worker(WorkerBase):
                         failures = 0
                     for _ in listener.notifies(timeout=0.25, stop_after=1):
                         self._notify()
-                    if ticker.due():
-                        try:
-                            _calls.run(listener, _calls.tick_schedules())
-                        except psycopg.OperationalError:
-                            raise
-                        except Exception as exc:
-                            ticker.failed(exc)
+                    self._tick(listener, ticker)
                 except psycopg.OperationalError as exc:
                     listener.close()
                     failures = self._pause(

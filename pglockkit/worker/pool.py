@@ -66,8 +66,8 @@ log = logging.getLogger("pglockkit.queue")
 
 
 class _Waiter:
-    """A caller waiting for a connection: ``conn`` is the one it was handed, if any; ``gone``
-    once it stopped waiting (``put`` passes it over)."""
+    """A caller waiting for a connection: ``conn`` is the one it was handed, if any; ``gone`` once
+    it stopped waiting (``put`` passes it over)."""
 
     __slots__ = ("_woken", "conn", "gone")
 
@@ -244,10 +244,12 @@ class Hold:
 
 
 class LazyConnection:
-    """What a ``def handler(job, conn)`` gets as ``conn`` when its lane holds no connection: any
-    use of the connection but ``commit`` and ``rollback`` (which a handler may not call) takes one
-    from the pool first (and begins the job's transaction), which the lane keeps until the job's
-    commit. Until then, attributes that need no server are any pool connection's."""
+    """What an exactly-once handler ``(job, conn)`` gets as ``conn`` when its lane holds no
+    connection (a job that runs in a transaction of its own): its first use of the connection
+    (any but ``commit`` and ``rollback``, which a handler may not call) takes one from the pool and
+    begins the job's transaction, and the lane keeps it until the job's commit. A handler that
+    awaits a model before it writes holds no connection while it waits. Until then, attributes
+    that need no server (``info``, ``adapters``) are any pool connection's."""
 
     def __init__(self, hold: Hold, savepoint: Call[None] | None):
         self._hold, self._savepoint = hold, savepoint
@@ -268,7 +270,8 @@ class LazyConnection:
 
     @contextmanager
     def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
-        with self._get().transaction(*args, **kwargs) as tx:
+        conn = self._get()
+        with conn.transaction(*args, **kwargs) as tx:
             yield tx
 
     def __getattr__(self, name: str) -> Any:
@@ -285,20 +288,48 @@ def _record_together(pool: Pool, outcomes: list[tuple[list[Job], list[tuple[Job,
     transaction on a pool connection: None once it committed, else its error (and then each lane
     records its own)."""
     calls, completions, n_done = record_calls(outcomes)
+    try:
+        conn = pool.get(first=True)
+        if conn is None:
+            raise NoConnection()
+        try:
+            results, error = _calls.run_pipeline(conn, calls)
+            if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+                _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
+        except BaseException:
+            pool.discard(conn)
+            raise
+    except Exception as exc:  # not committed: each lane records its own
+        return exc
+    pool.put(conn)
+    if error is None:
+        stale_completions(n_done, sum(results[i] for i in completions))
+    return error
+
+
+def _claim_together(
+    pool: Pool, settings: Settings, total: int, token: bool
+) -> tuple[LaneConnection, list[Any], Exception | None, int]:
+    """The claims of several lanes, ``total`` jobs in all, and a ``next_rate_token`` if ``token``:
+    one pipeline on a pool connection taken ahead of the queue. Returns that connection, still held
+    (the caller gives it back), the results, the first error, and how many results are claims'. A
+    connection lost on the way is dropped (kept if only the statement was cancelled), and the
+    error raised."""
+    calls = claim_calls(settings, total, token)
+    n_claims = len(calls) - token
     conn = pool.get(first=True)
     if conn is None:
         raise NoConnection()
     try:
         results, error = _calls.run_pipeline(conn, calls)
-        if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-            _calls.run_pipeline(conn, [_calls.statement("ROLLBACK")])
-    except BaseException:
-        pool.discard(conn)
+    except BaseException as exc:
+        if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
+            statement_failed(exc)
+            pool.put(conn)
+        else:
+            pool.discard(conn)
         raise
-    pool.put(conn)
-    if error is None:
-        stale_completions(n_done, sum(results[i] for i in completions))
-    return error
+    return conn, results, error, n_claims
 
 
 class _Asked:
@@ -371,8 +402,6 @@ class Feeder:
         error: Exception | None = NoConnection()  # until it is known to have committed
         try:
             error = _record_together(self.pool, [asked.outcomes for asked in records])
-        except Exception as exc:
-            error = exc
         finally:
             with self._cond:
                 for asked in records:
@@ -395,20 +424,7 @@ class Feeder:
 
     def _send(self, claims: list[_Asked], tokens: list[_Asked]) -> None:
         total = sum(asked.n for asked in claims)
-        calls = claim_calls(self.s, total, bool(tokens))
-        n_claims = len(calls) - bool(tokens)
-        conn = self.pool.get(first=True)
-        if conn is None:
-            raise NoConnection()
-        try:
-            results, error = _calls.run_pipeline(conn, calls)
-        except BaseException as exc:
-            if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
-                statement_failed(exc)
-                self.pool.put(conn)
-            else:
-                self.pool.discard(conn)
-            raise
+        conn, results, error, n_claims = _claim_together(self.pool, self.s, total, bool(tokens))
         self.pool.put(conn)
         if error is not None and len(results) < n_claims:
             replies: list[Any] = [([], error)] * len(claims)

@@ -37,8 +37,8 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -64,46 +64,34 @@ from pglockkit.worker.lane import (
 log = logging.getLogger("pglockkit.queue")
 
 
-if True:  # ASYNC
+class _Waiter:
+    """A caller waiting for a connection: ``conn`` is the one it was handed, if any; ``gone`` once
+    it stopped waiting (``put`` passes it over)."""
 
-    class _Waiter:
-        """A caller waiting for a connection: ``conn`` is the one it was handed, if any; ``gone``
-        once it stopped waiting (``put`` passes it over)."""
+    __slots__ = ("_woken", "conn", "gone")
 
-        __slots__ = ("_woken", "conn", "gone")
-
-        def __init__(self) -> None:
+    def __init__(self) -> None:
+        if True:  # ASYNC
             self._woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.conn: AsyncLaneConnection | None = None
-            self.gone = False
+        else:
+            self._woken = threading.Event()
+        self.conn: AsyncLaneConnection | None = None
+        self.gone = False
 
-        def wake(self) -> None:
+    def wake(self) -> None:
+        if True:  # ASYNC
             if not self._woken.done():
                 self._woken.set_result(None)
+        else:
+            self._woken.set()
 
-        async def wait(self, timeout: float | None) -> None:
+    async def wait(self, timeout: float | None) -> None:
+        if True:  # ASYNC
             if timeout is None:  # the common case, and asyncio.wait's machinery costs: 2,000 wait
                 await self._woken
             else:
                 await asyncio.wait([self._woken], timeout=timeout)
-
-else:
-
-    class _Waiter:
-        """A caller waiting for a connection: ``conn`` is the one it was handed, if any; ``gone``
-        once it stopped waiting (``put`` passes it over)."""
-
-        __slots__ = ("_woken", "conn", "gone")
-
-        def __init__(self) -> None:
-            self._woken = threading.Event()
-            self.conn: AsyncLaneConnection | None = None
-            self.gone = False
-
-        def wake(self) -> None:
-            self._woken.set()
-
-        def wait(self, timeout: float | None) -> None:
+        else:
             self._woken.wait(timeout)
 
 
@@ -267,25 +255,40 @@ class AsyncHold:
             await self.pool.discard(conn)
 
 
-if True:  # ASYNC
+class AsyncLazyConnection:
+    """What an exactly-once handler ``(job, conn)`` gets as ``conn`` when its lane holds no
+    connection (a job that runs in a transaction of its own): its first use of the connection
+    (any but ``commit`` and ``rollback``, which a handler may not call) takes one from the pool and
+    begins the job's transaction, and the lane keeps it until the job's commit. A handler that
+    awaits a model before it writes holds no connection while it waits. Until then, attributes
+    that need no server (``info``, ``adapters``) are any pool connection's."""
 
-    class AsyncLazyConnection:
-        """What an exactly-once ``async def handler(job, conn)`` gets as ``conn`` when its lane holds
-        no connection (a job that runs in a transaction of its own): the first statement takes one
-        from the pool (and begins the job's transaction), which the lane keeps until the job's commit.
-        A handler that awaits a model before it writes holds no connection while it waits. Until then,
-        attributes that need no server (``info``, ``adapters``) are any pool connection's."""
+    def __init__(self, hold: AsyncHold, savepoint: Call[None] | None):
+        self._hold, self._savepoint = hold, savepoint
+        self.taken: AsyncLaneConnection | None = None
 
-        def __init__(self, hold: AsyncHold, savepoint: Call[None] | None):
-            self._hold, self._savepoint = hold, savepoint
-            self.taken: AsyncLaneConnection | None = None
+    async def _get(self) -> AsyncLaneConnection:
+        if self.taken is None:
+            conn = await self._hold.get()
+            conn.start_job(self._savepoint)
+            self.taken = conn
+        return self.taken
 
-        async def _get(self) -> AsyncLaneConnection:
-            if self.taken is None:
-                conn = await self._hold.get()
-                conn.start_job(self._savepoint)
-                self.taken = conn
-            return self.taken
+    async def commit(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    async def rollback(self) -> None:
+        raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
+
+    @asynccontextmanager
+    async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
+        conn = await self._get()
+        async with conn.transaction(*args, **kwargs) as tx:
+            yield tx
+
+    if True:  # ASYNC
+        # An asyncio handler awaits some methods (execute) and not others (cursor), which
+        # __getattr__ cannot tell apart: those are written out.
 
         async def execute(self, *args: Any, **kwargs: Any) -> Any:
             return await (await self._get()).execute(*args, **kwargs)
@@ -296,24 +299,23 @@ if True:  # ASYNC
             return _AsyncLazyCursor(self, args, kwargs)
 
         @asynccontextmanager
-        async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
-            async with (await self._get()).transaction(*args, **kwargs) as tx:
-                yield tx
-
-        @asynccontextmanager
         async def pipeline(self) -> AsyncIterator[psycopg.AsyncPipeline]:
             async with (await self._get()).pipeline() as p:
                 yield p
 
-        async def commit(self) -> None:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-
-        async def rollback(self) -> None:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-
         def __getattr__(self, name: str) -> Any:
             target = self.taken or self._hold.pool.sample
             return getattr(target, name)
+
+    else:
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("info", "adapters", "closed", "broken") and self.taken is None:
+                return getattr(self._hold.pool.sample, name)
+            return getattr(self._get(), name)
+
+
+if True:  # ASYNC
 
     class _AsyncLazyCursor:
         """``conn.cursor()`` before the handler's first statement: the cursor is made on the pool
@@ -379,41 +381,6 @@ if True:  # ASYNC
             else:
                 setattr(self._cur, name, value)
 
-else:
-
-    class LazyConnection:
-        """What a ``def handler(job, conn)`` gets as ``conn`` when its lane holds no connection: any
-        use of the connection but ``commit`` and ``rollback`` (which a handler may not call) takes one
-        from the pool first (and begins the job's transaction), which the lane keeps until the job's
-        commit. Until then, attributes that need no server are any pool connection's."""
-
-        def __init__(self, hold: AsyncHold, savepoint: Call[None] | None):
-            self._hold, self._savepoint = hold, savepoint
-            self.taken: AsyncLaneConnection | None = None
-
-        def _get(self) -> AsyncLaneConnection:
-            if self.taken is None:
-                conn = self._hold.get()
-                conn.start_job(self._savepoint)
-                self.taken = conn
-            return self.taken
-
-        def commit(self) -> None:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-
-        def rollback(self) -> None:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-
-        @contextmanager
-        def transaction(self, *args: Any, **kwargs: Any) -> Iterator[psycopg.Transaction]:
-            with self._get().transaction(*args, **kwargs) as tx:
-                yield tx
-
-        def __getattr__(self, name: str) -> Any:
-            if name in ("info", "adapters", "closed", "broken") and self.taken is None:
-                return getattr(self._hold.pool.sample, name)
-            return getattr(self._get(), name)
-
 
 # --- the feeders ----------------------------------------------------------------------------------
 
@@ -425,20 +392,48 @@ async def _record_together(
     transaction on a pool connection: None once it committed, else its error (and then each lane
     records its own)."""
     calls, completions, n_done = record_calls(outcomes)
+    try:
+        conn = await pool.get(first=True)
+        if conn is None:
+            raise NoConnection()
+        try:
+            results, error = await _calls.arun_pipeline(conn, calls)
+            if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+                await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
+        except BaseException:
+            await pool.discard(conn)
+            raise
+    except Exception as exc:  # not committed: each lane records its own
+        return exc
+    await pool.put(conn)
+    if error is None:
+        stale_completions(n_done, sum(results[i] for i in completions))
+    return error
+
+
+async def _claim_together(
+    pool: AsyncPool, settings: Settings, total: int, token: bool
+) -> tuple[AsyncLaneConnection, list[Any], Exception | None, int]:
+    """The claims of several lanes, ``total`` jobs in all, and a ``next_rate_token`` if ``token``:
+    one pipeline on a pool connection taken ahead of the queue. Returns that connection, still held
+    (the caller gives it back), the results, the first error, and how many results are claims'. A
+    connection lost on the way is dropped (kept if only the statement was cancelled), and the
+    error raised."""
+    calls = claim_calls(settings, total, token)
+    n_claims = len(calls) - token
     conn = await pool.get(first=True)
     if conn is None:
         raise NoConnection()
     try:
         results, error = await _calls.arun_pipeline(conn, calls)
-        if error is not None and conn.info.transaction_status != TransactionStatus.IDLE:
-            await _calls.arun_pipeline(conn, [_calls.statement("ROLLBACK")])
-    except BaseException:
-        await pool.discard(conn)
+    except BaseException as exc:
+        if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
+            statement_failed(exc)
+            await pool.put(conn)
+        else:
+            await pool.discard(conn)
         raise
-    await pool.put(conn)
-    if error is None:
-        stale_completions(n_done, sum(results[i] for i in completions))
-    return error
+    return conn, results, error, n_claims
 
 
 if True:  # ASYNC
@@ -514,8 +509,6 @@ if True:  # ASYNC
             error: Exception | None = NoConnection()  # until it is known to have committed
             try:
                 error = await _record_together(self.pool, [(done, failed) for done, failed, _ in records])
-            except Exception as exc:
-                error = exc
             finally:  # answered even when cancelled (then not known to have committed): alone
                 for _, _, fut in records:
                     if not fut.done():
@@ -527,20 +520,7 @@ if True:  # ASYNC
             tokens: list[asyncio.Future[float | None]],
         ) -> None:
             total = sum(n for n, _ in claims)
-            calls = claim_calls(self.s, total, bool(tokens))
-            n_claims = len(calls) - bool(tokens)
-            conn = await self.pool.get(first=True)
-            if conn is None:
-                raise NoConnection()
-            try:
-                results, error = await _calls.arun_pipeline(conn, calls)
-            except BaseException as exc:
-                if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
-                    statement_failed(exc)
-                    await self.pool.put(conn)
-                else:
-                    await self.pool.discard(conn)
-                raise
+            conn, results, error, n_claims = await _claim_together(self.pool, self.s, total, bool(tokens))
             if error is not None and len(results) < n_claims:  # a claim failed: nothing was claimed
                 await self.pool.put(conn)
                 for _, fut in claims:
@@ -640,8 +620,6 @@ else:
             error: Exception | None = NoConnection()  # until it is known to have committed
             try:
                 error = _record_together(self.pool, [asked.outcomes for asked in records])
-            except Exception as exc:
-                error = exc
             finally:
                 with self._cond:
                     for asked in records:
@@ -664,20 +642,7 @@ else:
 
         def _send(self, claims: list[_Asked], tokens: list[_Asked]) -> None:
             total = sum(asked.n for asked in claims)
-            calls = claim_calls(self.s, total, bool(tokens))
-            n_claims = len(calls) - bool(tokens)
-            conn = self.pool.get(first=True)
-            if conn is None:
-                raise NoConnection()
-            try:
-                results, error = _calls.run_pipeline(conn, calls)
-            except BaseException as exc:
-                if _calls.outlived(conn) and isinstance(exc, psycopg.OperationalError):
-                    statement_failed(exc)
-                    self.pool.put(conn)
-                else:
-                    self.pool.discard(conn)
-                raise
+            conn, results, error, n_claims = _claim_together(self.pool, self.s, total, bool(tokens))
             self.pool.put(conn)
             if error is not None and len(results) < n_claims:
                 replies: list[Any] = [([], error)] * len(claims)
