@@ -3,6 +3,7 @@
 
     python3 tools/async_to_sync.py            # rewrite every generated file
     python3 tools/async_to_sync.py --check    # exit 1, naming the stale ones (CI, and a test)
+    python3 tools/async_to_sync.py --twins    # the lines still written twice in ASYNC blocks
 
 The asyncio modules are the source (``SOURCES``: ``pglockkit/worker/driver_async.py`` becomes
 ``pglockkit/worker/driver.py``, ``pglockkit/locks_async.py`` becomes ``pglockkit/locks.py``...).
@@ -24,11 +25,13 @@ works on the tree). Each generated file says at its top where it came from.
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import re
 import subprocess
 import sys
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,10 +178,61 @@ def generate(source: str, target: str) -> str:
     return HEADER.format(source=source) + text
 
 
+def _async_blocks(lines: list[str]) -> Iterator[tuple[int, list[str], list[str]]]:
+    """Each ``if True:  # ASYNC`` block of a source: its line number, its lines and its ``else:``
+    block's lines (none if it has none)."""
+    i = 0
+    while i < len(lines):
+        m = MARK.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent = len(m["indent"])
+        end = _block_end(lines, i, indent)
+        mine, theirs, j = lines[i + 1 : end], [], end
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        if j < len(lines) and _indent(lines[j]) == indent and lines[j].strip() == "else:":
+            end = _block_end(lines, j, indent)
+            theirs = lines[j + 1 : end]
+        yield i + 1, mine, theirs
+        i = end
+
+
+def _unasynced(line: str) -> str:
+    line = re.sub(r"\b(await|async)\s+", "", line.strip())
+    return re.sub(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b", lambda m: NAMES[m[1]], line)
+
+
+def twins(text: str) -> list[tuple[int, str]]:
+    """The lines an ``ASYNC`` block and its ``else:`` block both have: equal once ``await``,
+    ``async`` and the names of ``NAMES`` are read as the sync flavour reads them, in runs of 3
+    lines or more; comments and lines of 12 characters or fewer (``try:``, ``return``) not
+    counted. What should be written once, outside the blocks."""
+    found = []
+    for start, mine, theirs in _async_blocks(text.splitlines()):
+        a, b = [_unasynced(x) for x in mine], [_unasynced(x) for x in theirs]
+        for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+            if block.size >= 3:
+                for k in range(block.a, block.a + block.size):
+                    if len(a[k]) > 12 and not a[k].startswith("#"):
+                        found.append((start + 1 + k, a[k]))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    parser.add_argument("--twins", action="store_true", help="write nothing; list the lines written twice")
     args = parser.parse_args(argv)
+    if args.twins:
+        total = 0
+        for source in SOURCES:
+            for line, text in twins((ROOT / source).read_text()):
+                print(f"{source}:{line}: {text}")
+                total += 1
+        print(f"{total} line(s) written twice in ASYNC blocks")
+        return 0
     stale = []
     for source, target in SOURCES.items():
         text = generate(source, target)

@@ -80,3 +80,35 @@ def test_an_async_block_gives_way_to_its_else_block_or_to_nothing():
             c = 3
         """
     )
+
+
+def test_the_async_blocks_of_the_sources_write_few_lines_twice():
+    """What both flavours do is written once, outside the ASYNC blocks (issue #41 asked for 20
+    twin lines or fewer, from about 490): a block that copies its else block's lines fails here."""
+    found = [
+        (source, line, text)
+        for source in async_to_sync.SOURCES
+        for line, text in async_to_sync.twins((ROOT / source).read_text())
+    ]
+    assert len(found) <= 20, "\n".join(f"{s}:{n}: {t}" for s, n, t in found)
+
+
+def test_the_twin_count_sees_a_copied_block_and_not_a_different_one():
+    copied = textwrap.dedent(
+        """
+        if True:  # ASYNC
+            async def get(pool: AsyncPool) -> None:
+                conn = await pool.get(first=True)
+                await _calls.arun(conn, calls)
+                await pool.put(conn)
+        else:
+            def get(pool: Pool) -> None:
+                conn = pool.get(first=True)
+                _calls.run(conn, calls)
+                pool.put(conn)
+        """
+    )
+    assert [n for n, _ in async_to_sync.twins(copied)] == [3, 4, 5, 6]
+    # Two equal lines in a row are not a run: a def and its first statement, say.
+    different = copied.replace("await _calls.arun(conn, calls)", "await _calls.arun(conn, other)")
+    assert async_to_sync.twins(different) == []
