@@ -15,7 +15,8 @@ The sync module is the same text with:
   lines), ``await`` and ``async`` dropped too;
 - each ``if True:  # ASYNC`` block replaced by its ``else:`` block (or by nothing): what only one
   flavour does, written side by side where it differs;
-- imports no longer used dropped, and the result formatted, by ruff (the project's linter).
+- imports no longer used dropped, a ``for`` that only yields made a ``yield from``, and the
+  result formatted, by ruff (the project's linter).
 
 It works on tokens and lines, not on a syntax tree, so comments and layout are kept; psycopg
 generates its sync modules from its async ones the same way (``tools/async_to_sync.py`` there
@@ -43,6 +44,7 @@ SOURCES = {
     "pglockkit/retry_async.py": "pglockkit/retry.py",
     "pglockkit/runs_async.py": "pglockkit/runs.py",
     "pglockkit/scheduling_async.py": "pglockkit/scheduling.py",
+    "pglockkit/worker/connection_async.py": "pglockkit/worker/connection.py",
     "pglockkit/worker/pool_async.py": "pglockkit/worker/pool.py",
     "pglockkit/worker/driver_async.py": "pglockkit/worker/driver.py",
 }
@@ -54,9 +56,14 @@ NAMES = {
     "AsyncHold": "Hold",
     "AsyncLaneConnection": "LaneConnection",
     "AsyncLazyConnection": "LazyConnection",
+    "AsyncPipeline": "Pipeline",
     "AsyncPool": "Pool",
     "AsyncTransaction": "Transaction",
     "AsyncConnection": "Connection",
+    "AsyncCopy": "Copy",
+    "AsyncServerCursor": "ServerCursor",
+    "_AsyncLaneCursor": "_LaneCursor",
+    "_AsyncLaneServerCursor": "_LaneServerCursor",
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
     "aconnect": "connect",
@@ -67,6 +74,7 @@ NAMES = {
     "asynccontextmanager": "contextmanager",
     "atry_key": "try_key",
     "atry_keys": "try_keys",
+    "connection_async": "connection",
     "pool_async": "pool",
 }
 
@@ -173,7 +181,10 @@ def _ruff(args: list[str], text: str, target: str) -> str:
 
 def generate(source: str, target: str) -> str:
     text = unasync((ROOT / source).read_text())
-    text = _ruff(["check", "--fix", "--select", "F401,I001", "--quiet", "--exit-zero"], text, target)
+    # Unused imports dropped, imports sorted, and a loop that only yields (an ``async for`` once
+    # sync) made a ``yield from``.
+    fixes = ["--fix", "--unsafe-fixes", "--select", "F401,I001,UP028"]
+    text = _ruff(["check", *fixes, "--quiet", "--exit-zero"], text, target)
     text = _ruff(["format", "--quiet"], text, target)
     return HEADER.format(source=source) + text
 

@@ -9,8 +9,9 @@ The route a job takes, from ``pglockkit work`` (``pglockkit.cli``) to its commit
 - ``pool_async.py``: the connections a process's jobs share (a job holds one only while it uses
   one), the connection an exactly-once handler gets before it has one, and the feeder that
   batches the lanes' claims and outcomes; ``pool.py``, the threads' pool, is generated from it;
-- ``connection.py``: the lane connection, which refuses a handler's ``COMMIT``/``ROLLBACK`` of
-  the worker's transaction;
+- ``connection_async.py``: the lane connection, which makes the job's savepoint (or BEGIN) at the
+  handler's first statement and refuses a handler's ``COMMIT``/``ROLLBACK`` of the worker's
+  transaction; ``connection.py``, the threads', is generated from it;
 - ``driver_async.py``: ``pglockkit.aio.Worker``, the lanes as asyncio tasks; and ``driver.py``,
   ``pglockkit.Worker``, the lanes as threads, generated from it.
 

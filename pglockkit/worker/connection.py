@@ -1,3 +1,6 @@
+# Generated from pglockkit/worker/connection_async.py by tools/async_to_sync.py: do not edit.
+# Edit the source, then run `python3 tools/async_to_sync.py` (CI fails while this file
+# differs from what the tool writes).
 """A worker lane's connection: the running job's savepoint (or transaction) is made just before
 its handler's first statement, and the handler may not end the worker's transaction.
 
@@ -7,12 +10,16 @@ commit on their own. Every statement of a handler first checks that the job's tr
 still open; one that finds it ended marks the connection, and the job fails however the handler
 goes on; the statement itself is refused, so nothing after the end is written (in autocommit, it
 would be at once). Not seen: statements sent in one pipeline, or in one string, with the COMMIT
-(the connection is not idle between them); the job still fails, but they are written."""
+(the connection is not idle between them); the job still fails, but they are written.
+
+One source: this module as written is the connection of ``pglockkit.aio.Worker``'s lanes, and
+``tools/async_to_sync.py`` writes ``pglockkit.worker.connection`` (``pglockkit.Worker``'s) from
+it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -105,78 +112,3 @@ class _LaneServerCursor(psycopg.ServerCursor):
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         self.connection.savepoint_now()  # type: ignore[attr-defined]
         return super().execute(*args, **kwargs)
-
-
-class AsyncLaneConnection(psycopg.AsyncConnection):
-    """``LaneConnection`` for ``pglockkit.aio.Worker``."""
-
-    pending_savepoint: Call[None] | None = None
-    in_job = False
-    ended_by_handler = False
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = _AsyncLaneCursor
-        self.server_cursor_factory = _AsyncLaneServerCursor
-
-    async def commit(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        await super().commit()
-
-    async def rollback(self) -> None:
-        if self.in_job:
-            raise psycopg.ProgrammingError(NOT_YOURS_TO_END)
-        await super().rollback()
-
-    def start_job(self, savepoint: Call[None] | None) -> None:
-        self.pending_savepoint, self.in_job, self.ended_by_handler = savepoint, True, False
-
-    async def savepoint_now(self) -> None:
-        """``LaneConnection.savepoint_now``."""
-        if self.pending_savepoint is not None:
-            call, self.pending_savepoint = self.pending_savepoint, None
-            async with psycopg.AsyncCursor(self) as cur:
-                await cur.execute(call.query)
-        elif self.in_job and self.pgconn.transaction_status == TransactionStatus.IDLE:
-            self.ended_by_handler = True
-            raise psycopg.ProgrammingError(ENDED_BY_HANDLER)
-
-    @asynccontextmanager
-    async def transaction(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncTransaction]:
-        await self.savepoint_now()
-        async with super().transaction(*args, **kwargs) as tx:
-            yield tx
-
-    @asynccontextmanager
-    async def pipeline(self) -> AsyncIterator[psycopg.AsyncPipeline]:
-        await self.savepoint_now()
-        async with super().pipeline() as p:
-            yield p
-
-
-class _AsyncLaneCursor(psycopg.AsyncCursor):
-    async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().execute(*args, **kwargs)
-
-    async def executemany(self, *args: Any, **kwargs: Any) -> None:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().executemany(*args, **kwargs)
-
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        async for row in super().stream(*args, **kwargs):
-            yield row
-
-    @asynccontextmanager
-    async def copy(self, *args: Any, **kwargs: Any) -> AsyncIterator[psycopg.AsyncCopy]:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        async with super().copy(*args, **kwargs) as copy:
-            yield copy
-
-
-class _AsyncLaneServerCursor(psycopg.AsyncServerCursor):
-    async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        await self.connection.savepoint_now()  # type: ignore[attr-defined]
-        return await super().execute(*args, **kwargs)

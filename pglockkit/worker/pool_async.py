@@ -46,7 +46,7 @@ from psycopg.pq import TransactionStatus
 
 from pglockkit import _calls
 from pglockkit._calls import Call, Job
-from pglockkit.worker.connection import NOT_YOURS_TO_END, AsyncLaneConnection
+from pglockkit.worker.connection_async import NOT_YOURS_TO_END, AsyncLaneConnection
 from pglockkit.worker.lane import (
     RECHECK,
     ConnectGate,
