@@ -131,9 +131,13 @@ def run_pipeline(conn: psycopg.Connection, calls: Sequence[Call[Any]]) -> tuple[
     cursors: list[psycopg.Cursor] = []
     error: Exception | None = None
     try:
-        with translated(), conn.pipeline():
-            for call in calls:
-                cursors.append(_execute(conn, call))
+        if len(calls) == 1:  # one statement: the same, without pipeline mode's cost
+            with translated():
+                cursors.append(_execute(conn, calls[0]))
+        else:
+            with translated(), conn.pipeline():
+                for call in calls:
+                    cursors.append(_execute(conn, call))
     except psycopg.OperationalError:
         raise
     except Exception as exc:
@@ -151,9 +155,12 @@ async def arun_pipeline(
     error: Exception | None = None
     try:
         with translated():
-            async with conn.pipeline():
-                for call in calls:
-                    cursors.append(await _aexecute(conn, call))
+            if len(calls) == 1:  # one statement: the same, without pipeline mode's cost
+                cursors.append(await _aexecute(conn, calls[0]))
+            else:
+                async with conn.pipeline():
+                    for call in calls:
+                        cursors.append(await _aexecute(conn, call))
     except psycopg.OperationalError:
         raise
     except Exception as exc:
