@@ -4,7 +4,9 @@ A ``Call`` holds what a wrapper decides: the SQL text and its bound parameters, 
 become the result, and which structured log event a success or a failure emits. Argument checks
 happen when a call is built. ``run`` executes a call on a ``psycopg.Connection`` (the sync
 modules), ``arun`` on a ``psycopg.AsyncConnection`` (``pglockkit.aio``); both translate errors
-by SQLSTATE the same way. Nothing else in the package holds SQL for these operations.
+by SQLSTATE the same way (``pglockkit._run_async``, from which ``pglockkit._run`` is generated;
+``Call`` is in ``pglockkit._call``, which they share). Nothing else in the package holds SQL for
+these operations.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -27,6 +29,12 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pglockkit import _nscache
+from pglockkit._call import Call, Rows
+from pglockkit._call import nothing as _nothing
+from pglockkit._run import run as run
+from pglockkit._run import run_pipeline as run_pipeline
+from pglockkit._run_async import arun as arun
+from pglockkit._run_async import arun_pipeline as arun_pipeline
 from pglockkit.errors import InvalidArgument, LockTimeout, PayloadNotDecodable, PoolerDetected, translated
 from pglockkit.keys import INT_RESOURCE_LIMIT, lock_key
 
@@ -47,143 +55,12 @@ SERVER_KEEPALIVES: dict[str, int] = {
 }
 
 
-T = TypeVar("T")
-Rows = list[tuple[Any, ...]]
 Timeout = float | timedelta | None
 AnyConnection = psycopg.Connection | psycopg.AsyncConnection
 
 locks_log = logging.getLogger("pglockkit.locks")
 leases_log = logging.getLogger("pglockkit.leases")
 runs_log = logging.getLogger("pglockkit.runs")
-
-
-def _first(rows: Rows) -> Any:
-    return rows[0][0]
-
-
-def _nothing(rows: Rows) -> None:
-    return None
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a microsecond more
-class Call(Generic[T]):
-    """One SQL statement and what to make of it.
-
-    ``done(result, elapsed_s)`` runs after success (logging); ``failed(exc, elapsed_s)`` runs on
-    an error already translated to a pglockkit exception where one maps: it re-raises, or
-    returns a result that stands in for the call's (a lost session that freed its lock itself)."""
-
-    query: str | sql.Composable
-    params: Sequence[Any] | Mapping[str, Any] = ()
-    decode: Callable[[Rows], T] = _first
-    done: Callable[[T, float], None] | None = None
-    failed: Callable[[Exception, float], T] | None = None
-    adapt: Callable[[Any], None] | None = None  # changes the loaders of the cursor it runs on
-
-
-def _execute(conn: psycopg.Connection, call: Call[Any]) -> psycopg.Cursor:
-    if call.adapt is None:
-        return conn.execute(call.query, call.params)
-    cur = conn.cursor()
-    call.adapt(cur)
-    return cur.execute(call.query, call.params)
-
-
-async def _aexecute(conn: psycopg.AsyncConnection, call: Call[Any]) -> psycopg.AsyncCursor:
-    if call.adapt is None:
-        return await conn.execute(call.query, call.params)
-    cur = conn.cursor()
-    call.adapt(cur)
-    return await cur.execute(call.query, call.params)
-
-
-def run(conn: psycopg.Connection, call: Call[T]) -> T:
-    """Execute ``call`` on a sync connection."""
-    started = time.monotonic()
-    try:
-        with translated():
-            rows = _execute(conn, call).fetchall()
-    except Exception as exc:
-        if call.failed is None:
-            raise
-        return call.failed(exc, time.monotonic() - started)
-    return _finish(call, rows, started)
-
-
-async def arun(conn: psycopg.AsyncConnection, call: Call[T]) -> T:
-    """Execute ``call`` on an async connection."""
-    started = time.monotonic()
-    try:
-        with translated():
-            rows = await (await _aexecute(conn, call)).fetchall()
-    except Exception as exc:
-        if call.failed is None:
-            raise
-        return call.failed(exc, time.monotonic() - started)
-    return _finish(call, rows, started)
-
-
-def run_pipeline(conn: psycopg.Connection, calls: Sequence[Call[Any]]) -> tuple[list[Any], Exception | None]:
-    """Send ``calls`` in one round trip (psycopg's pipeline mode). Returns the results of the calls
-    that ran, in order, and the error that stopped the rest (None when all ran); the transaction,
-    if one is open, is then aborted. A lost connection raises."""
-    started = time.monotonic()
-    cursors: list[psycopg.Cursor] = []
-    error: Exception | None = None
-    try:
-        if len(calls) == 1:  # one statement: the same, without pipeline mode's cost
-            with translated():
-                cursors.append(_execute(conn, calls[0]))
-        else:
-            with translated(), conn.pipeline():
-                for call in calls:
-                    cursors.append(_execute(conn, call))
-    except psycopg.OperationalError:
-        raise
-    except Exception as exc:
-        error = exc
-    rows = [cur.fetchall() if cur.description is not None else [] for cur in _ran(cursors)]
-    return [_finish(call, r, started) for call, r in zip(calls, rows, strict=False)], error
-
-
-async def arun_pipeline(
-    conn: psycopg.AsyncConnection, calls: Sequence[Call[Any]]
-) -> tuple[list[Any], Exception | None]:
-    """``run_pipeline`` on an async connection."""
-    started = time.monotonic()
-    cursors: list[psycopg.AsyncCursor] = []
-    error: Exception | None = None
-    try:
-        with translated():
-            if len(calls) == 1:  # one statement: the same, without pipeline mode's cost
-                cursors.append(await _aexecute(conn, calls[0]))
-            else:
-                async with conn.pipeline():
-                    for call in calls:
-                        cursors.append(await _aexecute(conn, call))
-    except psycopg.OperationalError:
-        raise
-    except Exception as exc:
-        error = exc
-    rows = [await cur.fetchall() if cur.description is not None else [] for cur in _ran(cursors)]
-    return [_finish(call, r, started) for call, r in zip(calls, rows, strict=False)], error
-
-
-def _ran(cursors: Sequence[Any]) -> list[Any]:
-    """The cursors of a pipeline up to the first that failed or was skipped after a failure."""
-    ran = []
-    for cur in cursors:
-        if cur.pgresult is None:
-            break
-        ran.append(cur)
-    return ran
-
-
-def _finish(call: Call[T], rows: Rows, started: float) -> T:
-    result = call.decode(rows)
-    if call.done is not None:
-        call.done(result, time.monotonic() - started)
-    return result
 
 
 def statement(text: str) -> Call[None]:

@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = {
+    "pglockkit/_run_async.py": "pglockkit/_run.py",
     "pglockkit/leases_async.py": "pglockkit/leases.py",
     "pglockkit/locks_async.py": "pglockkit/locks.py",
     "pglockkit/queue_async.py": "pglockkit/queue.py",
@@ -66,6 +67,7 @@ NAMES = {
     "_AsyncLaneServerCursor": "_LaneServerCursor",
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
+    "_aexecute": "_execute",
     "aconnect": "connect",
     "ainvoke": "invoke",
     "arun": "run",
