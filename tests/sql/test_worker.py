@@ -1296,6 +1296,81 @@ def test_claims_blocked_by_a_table_lock_give_up_without_errors_or_reconnects(tab
     assert worker.reconnects == 0
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["threads", "asyncio"])
+def test_a_lane_statement_the_server_cancels_rolls_back_and_keeps_the_connection(
+    tables, caplog, asynchronous
+):
+    """A slow job's completion waits for its row, which another session holds FOR UPDATE, until
+    the role's statement_timeout cancels it (57014). The lane rolls the job's transaction back
+    (its write with it), logs one lane error, keeps its connection (a pool of one: both runs of
+    the job are on the same backend) and runs the job again once its lease is over: its write
+    is there once."""
+    db = tables
+    dsn = psycopg.conninfo.make_conninfo(db.dsn, options="-c statement_timeout=300")
+    caplog.set_level("WARNING", "pglockkit.queue")
+    runs: list[tuple[int, int, int]] = []  # (job id, token, backend pid) of every run
+    started, go = threading.Event(), threading.Event()
+    insert = "INSERT INTO done_log (job_id, token, pid) VALUES (%s, %s, pg_backend_pid())"
+
+    def handler(job, conn):
+        conn.execute(insert, (job.id, job.token))
+        runs.append((job.id, job.token, conn.info.backend_pid))
+        if job.payload.get("hold"):
+            started.set()
+            go.wait(10)
+        else:
+            time.sleep(0.1)  # slower than group_time: the next job runs in a transaction of its own
+
+    async def ahandler(job, conn):
+        await conn.execute(insert, (job.id, job.token))
+        runs.append((job.id, job.token, conn.info.backend_pid))
+        if job.payload.get("hold"):
+            started.set()
+            await asyncio.to_thread(go.wait, 10)
+        else:
+            await asyncio.sleep(0.1)
+
+    worker = (
+        aio.Worker(dsn, "w", ahandler, lease=1)
+        if asynchronous
+        else pglockkit.Worker(dsn, "w", handler, lease=1)
+    )
+    slow = q.enqueue(db.conn, "w", {})
+    runner = _run_in_thread(worker)
+    try:
+        deadline = time.monotonic() + 10
+        while q.jobs(db.conn, "w", status="done") == []:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        held = q.enqueue(db.conn, "w", {"hold": True})
+        assert started.wait(10)
+        with psycopg.connect(db.dsn) as blocker:
+            blocker.execute("SELECT FROM pglockkit.jobs WHERE id = %s FOR UPDATE", (held,))
+            go.set()
+            time.sleep(1.0)  # the completion waits and is cancelled after 300 ms
+        deadline = time.monotonic() + 15
+        while (
+            db.conn.execute("SELECT status FROM pglockkit.jobs WHERE id = %s", (held,)).fetchone()[0]
+            != "done"
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        go.set()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    mine = [r for r in runs if r[0] == held]
+    assert len(mine) == 2 and mine[0][1] != mine[1][1], runs  # run again, under a new claim
+    assert mine[0][2] == mine[1][2], runs  # on the same connection: it was not given up
+    written = db.conn.execute("SELECT job_id, token FROM done_log ORDER BY job_id").fetchall()
+    assert written == [(slow, runs[0][1]), (held, mine[1][1])]  # the cancelled run's write is gone
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in messages if "lane error" in m and "statement timeout" in m]) == 1, messages
+    assert not [m for m in messages if "connection lost" in m], messages
+    assert worker.reconnects == 1
+
+
 def _run_in_thread(worker) -> threading.Thread:
     """Run ``worker`` (sync or aio) until ``worker.stop()``."""
     if isinstance(worker, aio.Worker):
