@@ -29,7 +29,9 @@ note(f"started {os.getpid()}")
 deadline = time.monotonic() + 60
 while not got and time.monotonic() < deadline:
     time.sleep(0.01)
-time.sleep(linger)
+release, end = marker + ".release", time.monotonic() + linger  # the test may cut the linger short
+while time.monotonic() < end and not os.path.exists(release):
+    time.sleep(0.01)
 note("exiting")
 sys.exit(code)
 """
@@ -81,7 +83,7 @@ def test_a_signal_to_the_wrapper_reaches_the_command_and_the_slot_stays_taken(db
         TRAPPING,
         str(marker),
         str(int(sig)),
-        "6",  # seconds the command lingers after the signal
+        "30",  # seconds the command lingers after the signal, at most: until the release below
         "0",
     )
     try:
@@ -95,6 +97,7 @@ def test_a_signal_to_the_wrapper_reaches_the_command_and_the_slot_stays_taken(db
         assert first.poll() is None, "the wrapper exited while its command runs"
         assert second.returncode == 0 and "skipped" in err
         assert not intruder.exists()
+        Path(f"{marker}.release").touch()  # the command may end now
         _, err = first.communicate(timeout=60)
     finally:
         if first.poll() is None:
