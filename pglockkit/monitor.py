@@ -147,7 +147,7 @@ SELECT pg_is_in_recovery() AS in_recovery,
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS unseen"""
 
 # The server's connection slots, those in use by client sessions (any role sees every session's
-# application_name), and the share of pglockkit's workers: a process holds a connection per lane,
+# application_name), and the share of pglockkit's workers: a process holds its pool's connections,
 # one for LISTEN ("... listen") and one for its heartbeat ("... heartbeat"). (%% is LIKE's %: the
 # query is sent with parameters, none.)
 CONNECTIONS = """
@@ -739,8 +739,8 @@ def check_connections(row: dict) -> list[Finding]:
     if usable <= 0 or used < CONNECTIONS_WARN * usable:
         return []
     share = (
-        f"; pglockkit workers hold {workers} of them ({row['processes']} process(es), each a "
-        "connection per job in flight plus 2)"
+        f"; pglockkit workers hold {workers} of them ({row['processes']} process(es), each its "
+        "pool of --connections plus 2)"
         if workers
         else ""
     )
@@ -750,7 +750,8 @@ def check_connections(row: dict) -> list[Finding]:
             "connections",
             f"{used} client connections of the {usable} the server allows roles that are not "
             f"superusers (max_connections less superuser_reserved_connections){share}",
-            "Lower the workers' --concurrency or run fewer worker processes; put other clients behind "
+            "Lower the workers' --connections (their jobs in flight share the pool) or run fewer "
+            "worker processes; put other clients behind "
             "a pooler (transaction locks, the queue and leases work through PgBouncer in transaction "
             "mode); or raise max_connections (a restart).",
         )

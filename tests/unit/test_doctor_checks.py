@@ -285,6 +285,7 @@ def test_connections_near_the_servers_limit_warn_and_say_the_workers_share():
     assert (near.severity, near.check) == ("warning", "connections")
     assert "78 client connections of the 97" in near.message
     assert "pglockkit workers hold 60 of them (5 process(es)" in near.message
-    assert "--concurrency" in near.fix
+    assert "each its pool of --connections plus 2" in near.message
+    assert "--connections" in near.fix and "--concurrency" not in near.fix
     (others,) = check_connections({"usable": 10, "used": 10, "workers": 0, "processes": 0})
     assert "workers" not in others.message  # none of them pglockkit's: not said
