@@ -106,26 +106,37 @@ def _block_end(lines: list[str], start: int, indent: int) -> int:
     return end
 
 
-def drop_async_blocks(lines: list[str]) -> list[str]:
-    out: list[str] = []
+def _async_blocks(lines: list[str]) -> Iterator[tuple[int, int, int, int, int]]:
+    """Each ``if True:  # ASYNC`` block of a source, as indices into ``lines``: its header, the
+    end of its body, the header of its ``else:`` block and the end of that (both the body's end
+    when it has none), and the header's indent."""
     i = 0
     while i < len(lines):
         m = MARK.match(lines[i])
         if not m:
-            out.append(lines[i])
             i += 1
             continue
         indent = len(m["indent"])
-        i = _block_end(lines, i, indent)
-        j = i
+        body_end = else_at = end = _block_end(lines, i, indent)
+        j = body_end
         while j < len(lines) and not lines[j].strip():
             j += 1
         if j < len(lines) and _indent(lines[j]) == indent and lines[j].strip() == "else:":
-            end = _block_end(lines, j, indent)
-            for line in lines[j + 1 : end]:
-                out.append(line[4:] if line.startswith(" " * (indent + 4)) else line.lstrip(" "))
-            i = end
-    return out
+            else_at, end = j, _block_end(lines, j, indent)
+        yield i, body_end, else_at, end, indent
+        i = end
+
+
+def drop_async_blocks(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    done = 0
+    for start, body_end, else_at, end, indent in _async_blocks(lines):
+        out += lines[done:start]
+        for line in lines[else_at + 1 : end] if else_at < end else []:
+            out.append(line[4:] if line.startswith(" " * (indent + 4)) else line.lstrip(" "))
+        # Without an else block, the blank lines after the body stay; with one, it ends the block.
+        done = body_end if else_at == end else end
+    return out + lines[done:]
 
 
 EXAMPLE = re.compile(r"^(\s*(?:>>>|\.\.\.) )(.*)$", re.MULTILINE)
@@ -191,30 +202,8 @@ def generate(source: str, target: str) -> str:
     return HEADER.format(source=source) + text
 
 
-def _async_blocks(lines: list[str]) -> Iterator[tuple[int, list[str], list[str]]]:
-    """Each ``if True:  # ASYNC`` block of a source: its line number, its lines and its ``else:``
-    block's lines (none if it has none)."""
-    i = 0
-    while i < len(lines):
-        m = MARK.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        indent = len(m["indent"])
-        end = _block_end(lines, i, indent)
-        mine, theirs, j = lines[i + 1 : end], [], end
-        while j < len(lines) and not lines[j].strip():
-            j += 1
-        if j < len(lines) and _indent(lines[j]) == indent and lines[j].strip() == "else:":
-            end = _block_end(lines, j, indent)
-            theirs = lines[j + 1 : end]
-        yield i + 1, mine, theirs
-        i = end
-
-
 def _unasynced(line: str) -> str:
-    line = re.sub(r"\b(await|async)\s+", "", line.strip())
-    return re.sub(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b", lambda m: NAMES[m[1]], line)
+    return _words(re.sub(r"\b(await|async)\s+", "", line.strip()))
 
 
 def twins(text: str) -> list[tuple[int, str]]:
@@ -223,13 +212,15 @@ def twins(text: str) -> list[tuple[int, str]]:
     lines or more; comments and lines of 12 characters or fewer (``try:``, ``return``) not
     counted. What should be written once, outside the blocks."""
     found = []
-    for start, mine, theirs in _async_blocks(text.splitlines()):
-        a, b = [_unasynced(x) for x in mine], [_unasynced(x) for x in theirs]
+    lines = text.splitlines()
+    for start, body_end, else_at, end, _ in _async_blocks(lines):
+        a = [_unasynced(x) for x in lines[start + 1 : body_end]]
+        b = [_unasynced(x) for x in lines[else_at + 1 : end]] if else_at < end else []
         for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
             if block.size >= 3:
                 for k in range(block.a, block.a + block.size):
                     if len(a[k]) > 12 and not a[k].startswith("#"):
-                        found.append((start + 1 + k, a[k]))
+                        found.append((start + 2 + k, a[k]))  # 1-based, the body from the line after
     return found
 
 
